@@ -1,0 +1,29 @@
+"""Exception roots of the edge agent."""
+
+
+class AgentError(Exception):
+    """Root of everything the agent raises."""
+
+
+class TransportError(AgentError):
+    """The connection to the hub failed, timed out or was refused."""
+
+
+class InstallError(AgentError):
+    """A skill version could not be installed or switched to."""
+
+
+class HealthCheckError(InstallError):
+    """A newly installed skill version failed its health check."""
+
+
+class SandboxError(AgentError):
+    """A skill's control process crashed, timed out or broke the pipe protocol."""
+
+
+class RuntimeBackendError(AgentError):
+    """No model variant or inference backend fits this device, or inference failed."""
+
+
+class OutboxError(AgentError):
+    """The durable outbox could not store or read a message."""

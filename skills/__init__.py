@@ -1,0 +1,1 @@
+"""Skill bundles, trust, and the Skill SDK."""

@@ -1,0 +1,25 @@
+"""Exception roots of the skills package, by whose fault it is."""
+
+
+class SkillError(Exception):
+    """Root of everything the skills package raises."""
+
+
+class ManifestError(SkillError):
+    """A ``skill.toml`` is missing, malformed or inconsistent (the bundle author's fault)."""
+
+
+class BundleError(SkillError):
+    """A bundle's content is wrong: missing files, hash or size mismatch."""
+
+
+class ArchiveError(BundleError):
+    """An archive is unsafe or exceeds a cap: traversal, links, devices, bombs."""
+
+
+class TrustError(SkillError):
+    """TUF verification failed: bad signature, hash, version, expiry or an untrusted key."""
+
+
+class FetchError(SkillError):
+    """A file could not be fetched from the hub (network or hub side)."""
