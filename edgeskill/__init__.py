@@ -1,1 +1,1 @@
-"""edgeskill."""
+"""The ``edgeskill`` command line: the composition root over hub, agent and converters."""

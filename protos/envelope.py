@@ -25,7 +25,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def make_envelope(device_id: str, correlation_id: str = "", msg_id: str = "", **body: Any) -> pb.Envelope:
+def make_envelope(
+    device_id: str, correlation_id: str = "", msg_id: str = "", **body: Any
+) -> pb.Envelope:
     """Wrap exactly one body message (``register=...``, ``ack=...``) in an envelope.
 
     Raises:
@@ -39,7 +41,7 @@ def make_envelope(device_id: str, correlation_id: str = "", msg_id: str = "", **
         sent_at_ms=now_ms(),
         correlation_id=correlation_id,
     )
-    (field, message), = body.items()
+    ((field, message),) = body.items()
     getattr(env, field).CopyFrom(message)
     return env
 

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
-    stale = [n for n, text in fresh.items() if not (HERE / n).exists() or (HERE / n).read_text() != text]
+    stale = [
+        n for n, text in fresh.items() if not (HERE / n).exists() or (HERE / n).read_text() != text
+    ]
     if opts.check:
         for name in stale:
             sys.stderr.write(f"stale generated file: protos/{name}\n")

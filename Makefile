@@ -1,0 +1,39 @@
+# One-command set-up and runs. Every target is idempotent.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+
+.PHONY: setup demo test lint bench services proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[hub,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/edgeskill demo
+
+services:
+	bash scripts/services.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(PY) -m protos.generate --check
+
+test: setup services lint
+	$(VENV)/bin/pytest -q
+
+bench: setup services
+	for b in tests/bench/bench_*.py; do $(PY) $$b || exit 1; done
+
+proto: setup
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

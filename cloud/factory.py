@@ -1,0 +1,112 @@
+"""The hub's model step for the built-in digits skill: train, export, check, package.
+
+The general model factory (datasets, jobs, compression, targets) builds on
+the converters package; this module is the thin path the demo uses.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from skills.bundle import build_bundle
+
+from converters.digits import DigitsData, load_digits_data, train_digits
+from converters.onnx_export import check_onnx, export_onnx
+from skills.manifest import Manifest, ModelVariant
+
+LIBRARY = Path(__file__).resolve().parent.parent / "skills" / "library"
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """An exported, checked digits model."""
+
+    onnx_path: Path
+    accuracy: float
+    max_diff: float
+    data: DigitsData
+
+
+def train_digits_onnx(
+    out: Path, *, epochs: int = 8, seed: int = 0, console: Console | None = None
+) -> TrainedModel:
+    """Train the digits CNN, export it to ONNX and check ONNX Runtime against torch.
+
+    Raises:
+        ConversionError: the exported model does not match torch.
+    """
+    console = console or Console()
+    data = load_digits_data(seed)
+    with console.status("training the digits CNN") as status:
+
+        def on_epoch(epoch: int, loss: float, acc: float) -> None:
+            status.update(
+                f"training the digits CNN: epoch {epoch}/{epochs}, "
+                f"loss {loss:.3f}, val acc {acc:.3f}"
+            )
+
+        model, accuracy = train_digits(data, epochs=epochs, seed=seed, on_epoch=on_epoch)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    export_onnx(model, data.test.x[:1], out)
+    max_diff = check_onnx(model, out, data.test.x[:64])
+    return TrainedModel(out, accuracy, max_diff, data)
+
+
+def build_skill(
+    source: Path,
+    version: str,
+    models: dict[str, Path],
+    out_dir: Path,
+    *,
+    config: dict[str, str] | None = None,
+) -> Path:
+    """Build a bundle from a skill source folder with the given model files.
+
+    ``models`` maps a target (``onnx-cpu``) to a model file; every file becomes
+    a variant of the model named ``classifier``.
+
+    Raises:
+        SkillError: the source or a model is malformed.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(source, work, ignore=shutil.ignore_patterns("__pycache__"))
+        manifest = Manifest.from_toml((work / "skill.toml").read_text(encoding="utf-8"))
+        (work / "models").mkdir(exist_ok=True)
+        variants = []
+        for target, path in models.items():
+            rel = f"models/classifier-{target}{path.suffix}"
+            shutil.copyfile(path, work / rel)
+            precision = "int8" if "int8" in path.name else "fp32"
+            variants.append(
+                ModelVariant(model="classifier", target=target, path=rel, precision=precision)
+            )
+        manifest = Manifest(
+            name=manifest.name,
+            version=version,
+            entrypoint=manifest.entrypoint,
+            description=manifest.description,
+            inputs=manifest.inputs,
+            outputs=manifest.outputs,
+            resources=manifest.resources,
+            models=tuple(variants),
+            reference=manifest.reference,
+            config={**dict(manifest.config), **(config or {})},
+        )
+        (work / "skill.toml").write_text(manifest.to_toml(), encoding="utf-8")
+        return build_bundle(work, out_dir)
+
+
+def write_holdout(data: DigitsData, path: Path, limit: int | None = None) -> int:
+    """Write the held-out digits as a replay file for agents; returns the sample count."""
+    x, y = data.test.x, data.test.y
+    if limit is not None:
+        x, y = x[:limit], y[:limit]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, x=x.astype(np.float32), y=y.astype(np.int64))
+    return len(x)

@@ -1,0 +1,155 @@
+"""The hub's gRPC server: an adapter from the ``Hub`` service to :class:`HubCore`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+
+from cloud.hubcore import HubCore
+from protos import MAX_ENVELOPE_BYTES, pb
+from protos import edgeskill_pb2_grpc as pb_grpc
+from protos.envelope import validate_envelope
+from protos.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+_REGISTER_TIMEOUT_S = 10.0
+_DONE = object()
+
+
+class HubServicer(pb_grpc.HubServicer):
+    """Serves device control streams and fetches."""
+
+    def __init__(self, core: HubCore, push_interval_s: float = 0.5) -> None:
+        self.core = core
+        self.push_interval_s = push_interval_s
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[pb.Envelope], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Envelope]:
+        """One device's control stream: register first, then anything."""
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), _REGISTER_TIMEOUT_S)
+            validate_envelope(first)
+            replies = await self.core.register(first)
+        except (TimeoutError, StopAsyncIteration):
+            self.core.drop("no-register")
+            return
+        except ProtocolError as exc:
+            self.core.drop("bad-register")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        device_id = first.device_id
+        outbox: asyncio.Queue[object] = asyncio.Queue()
+        for env in replies:
+            outbox.put_nowait(env)
+        last_gen = replies[-1].desired.generation
+        tasks = [
+            asyncio.create_task(self._read(device_id, request_iterator, outbox)),
+            asyncio.create_task(self._push_desired(device_id, last_gen, outbox)),
+        ]
+        try:
+            while (item := await outbox.get()) is not _DONE:
+                assert isinstance(item, pb.Envelope)
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.core.disconnected(device_id)
+
+    async def _read(
+        self, device_id: str, requests: AsyncIterator[pb.Envelope], outbox: asyncio.Queue[object]
+    ) -> None:
+        try:
+            async for env in requests:
+                try:
+                    validate_envelope(env)
+                    for reply in await self.core.handle(device_id, env):
+                        outbox.put_nowait(reply)
+                except ProtocolError as exc:
+                    self.core.drop("bad-message")
+                    log.warning("dropped a message from %s: %s", device_id, exc)
+        except grpc.aio.AioRpcError:
+            pass  # the device went away; the finally below ends the stream
+        finally:
+            outbox.put_nowait(_DONE)
+
+    async def _push_desired(
+        self, device_id: str, last_gen: int, outbox: asyncio.Queue[object]
+    ) -> None:
+        # Polling the store (not an in-process event) keeps hub processes stateless:
+        # a deployment made through any hub or the CLI reaches every stream.
+        while True:
+            await asyncio.sleep(self.push_interval_s)
+            gen = await self.core.desired_generation(device_id)
+            if gen != last_gen:
+                outbox.put_nowait(await self.core.desired(device_id))
+                last_gen = gen
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FetchChunk]:
+        """Stream one repository file in chunks."""
+        try:
+            size, chunks = await asyncio.to_thread(
+                self.core.open_fetch, request.path, request.offset, request.max_bytes
+            )
+        except FileNotFoundError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no such file: {request.path}")
+            return
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        offset = request.offset
+        with contextlib.closing(chunks):
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                offset += len(data)
+                yield pb.FetchChunk(
+                    offset=offset - len(data), data=data, total_size=size, last=offset >= size
+                )
+
+    async def InferTail(
+        self, request: pb.InferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InferResponse:
+        """Split inference is not served by this hub yet."""
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "split inference is not enabled on this hub"
+        )
+        raise AssertionError("unreachable")
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Message caps and keepalive policy for the hub's server."""
+    return [
+        ("grpc.max_receive_message_length", MAX_ENVELOPE_BYTES + 1024),
+        ("grpc.max_send_message_length", 8 * 1024 * 1024),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.max_concurrent_streams", 10_000),
+    ]
+
+
+async def start_grpc_server(
+    core: HubCore, bind: str = "127.0.0.1:7443"
+) -> tuple[grpc.aio.Server, int]:
+    """Start serving ``core`` on ``bind`` (port 0 picks a free one).
+
+    Returns:
+        The running server and the port it listens on.
+
+    Raises:
+        RuntimeError: the address could not be bound.
+    """
+    server = grpc.aio.server(options=server_options())
+    pb_grpc.add_HubServicer_to_server(HubServicer(core), server)
+    port = server.add_insecure_port(bind)
+    if port == 0:
+        raise RuntimeError(f"could not bind {bind}")
+    await server.start()
+    return server, port

@@ -1,0 +1,235 @@
+"""What the hub does with device messages, whichever transport carried them.
+
+The gRPC and MQTT servers are thin adapters over :class:`HubCore`: they turn
+bytes into envelopes, bind a connection to one device id, and send back what
+the core returns. All device state lives in the store, so any number of hub
+processes can serve the same fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from cloud.errors import ValidationError
+from cloud.selectors import parse_labels
+from cloud.store import DesiredRecord, SkillStatusRecord, Store, TelemetryRecord
+from protos import kind_of, make_envelope, pb
+from protos.envelope import now_ms
+from protos.errors import ProtocolError
+from skills.trust import TrustRepository
+
+log = logging.getLogger(__name__)
+
+DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class HubLimits:
+    """Caps on what devices may send and fetch."""
+
+    max_fetch_bytes: int = 512 * 1024 * 1024
+    chunk_bytes: int = 64 * 1024
+    max_labels: int = 32
+    max_skills_reported: int = 64
+
+
+def check_device_id(device_id: str) -> str:
+    """Return ``device_id`` if well formed.
+
+    Raises:
+        ProtocolError: empty, too long or with characters outside ``[A-Za-z0-9._-]``.
+    """
+    if not DEVICE_ID_RE.match(device_id):
+        raise ProtocolError(f"bad device id {device_id!r}")
+    return device_id
+
+
+def desired_envelope(device_id: str, desired: DesiredRecord) -> pb.Envelope:
+    """The desired state of one device as an envelope."""
+    body = pb.DesiredState(generation=desired.generation)
+    for skill in desired.skills:
+        body.skills.add(
+            name=skill.name,
+            version=skill.version,
+            target_name=skill.target_name,
+            config=dict(skill.config),
+        )
+    return make_envelope(device_id, desired=body)
+
+
+class HubCore:
+    """Transport-independent handling of device traffic."""
+
+    def __init__(
+        self, store: Store, trust: TrustRepository, limits: HubLimits | None = None
+    ) -> None:
+        self.store = store
+        self.trust = trust
+        self.limits = limits or HubLimits()
+        self.heartbeat_s = 5
+        #: Messages dropped, by reason; exported as metrics.
+        self.dropped: Counter[str] = Counter()
+        self.handled: Counter[str] = Counter()
+
+    async def register(self, env: pb.Envelope) -> list[pb.Envelope]:
+        """Handle a device's ``register``; return the welcome and its desired state.
+
+        Raises:
+            ProtocolError: not a register message, or bad device id or labels.
+        """
+        if kind_of(env) != "register":
+            raise ProtocolError("the first message on a connection must be register")
+        device_id = check_device_id(env.device_id)
+        reg = env.register
+        if len(reg.labels) > self.limits.max_labels:
+            raise ProtocolError(f"more than {self.limits.max_labels} labels")
+        try:
+            labels = parse_labels(f"{k}={v}" for k, v in reg.labels.items())
+        except ValidationError as exc:
+            raise ProtocolError(str(exc)) from exc
+        profile = {
+            "arch": reg.profile.arch,
+            "accelerator": reg.profile.accelerator,
+            "board": reg.profile.board,
+            "targets": list(reg.profile.targets),
+            "cpu_count": reg.profile.cpu_count,
+            "memory_bytes": reg.profile.memory_bytes,
+            "agent_version": reg.agent_version,
+        }
+        await asyncio.to_thread(
+            self.store.register_device, device_id, labels, profile, now_ms=now_ms()
+        )
+        self.handled["register"] += 1
+        welcome = make_envelope(
+            device_id, correlation_id=env.id, welcome=pb.Welcome(heartbeat_s=self.heartbeat_s)
+        )
+        return [welcome, await self.desired(device_id)]
+
+    async def desired(self, device_id: str) -> pb.Envelope:
+        """The device's current desired state as an envelope."""
+        record = await asyncio.to_thread(self.store.desired_for, device_id)
+        return desired_envelope(device_id, record)
+
+    async def desired_generation(self, device_id: str) -> int:
+        """Generation of the device's desired state (cheap change detection)."""
+        record = await asyncio.to_thread(self.store.desired_for, device_id)
+        return record.generation
+
+    async def handle(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
+        """Handle one message from a registered device; return the replies.
+
+        Raises:
+            ProtocolError: the message is of a kind devices may not send, or
+                claims another device's id.
+        """
+        if env.device_id != device_id:
+            raise ProtocolError(f"device {device_id} sent a message as {env.device_id!r}")
+        kind = kind_of(env)
+        if kind == "heartbeat":
+            await asyncio.to_thread(
+                self.store.touch_device, device_id, now_ms=now_ms(), online=True
+            )
+        elif kind == "reported":
+            await asyncio.to_thread(self._save_report, device_id, env.reported)
+        elif kind == "telemetry":
+            record = telemetry_record(env.telemetry)
+            await asyncio.to_thread(self.store.add_telemetry, env.id, device_id, record)
+        elif kind != "ack":
+            raise ProtocolError(f"devices may not send {kind!r}")
+        self.handled[kind] += 1
+        if kind in ("reported", "telemetry"):
+            return [make_envelope(device_id, correlation_id=env.id, ack=pb.Ack(ids=[env.id]))]
+        return []
+
+    def _save_report(self, device_id: str, report: pb.ReportedState) -> None:
+        if len(report.skills) > self.limits.max_skills_reported:
+            raise ProtocolError(f"report lists more than {self.limits.max_skills_reported} skills")
+        statuses = [
+            SkillStatusRecord(
+                name=s.name[:64],
+                version=s.version[:64],
+                state=s.state[:32],
+                error=s.error[:2000],
+                desired_version=s.desired_version[:64],
+                previous_version=s.previous_version[:64],
+            )
+            for s in report.skills
+        ]
+        self.store.save_report(device_id, report.generation, statuses, now_ms=now_ms())
+
+    async def disconnected(self, device_id: str) -> None:
+        """Mark a device offline after its connection ended."""
+        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=False)
+
+    def drop(self, reason: str) -> None:
+        """Count a message the hub refused."""
+        self.dropped[reason] += 1
+
+    def open_fetch(self, path: str, offset: int, max_bytes: int) -> tuple[int, Iterator[bytes]]:
+        """Open a repository file for a chunked fetch from ``offset``.
+
+        Returns:
+            The file's total size and an iterator of chunks.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ProtocolError: a bad path, a negative offset, or a file over the cap.
+        """
+        parts = PurePosixPath(path).parts
+        if (
+            not parts
+            or parts[0] not in ("metadata", "targets")
+            or ".." in parts
+            or path.startswith("/")
+        ):
+            raise ProtocolError(f"bad fetch path {path!r}")
+        cap = min(max_bytes or self.limits.max_fetch_bytes, self.limits.max_fetch_bytes)
+        size, fh = self.trust.open_file(path)
+        if size > cap:
+            fh.close()
+            raise ProtocolError(f"{path} has {size} bytes, over the {cap} byte cap")
+        if offset < 0 or offset > size:
+            fh.close()
+            raise ProtocolError(f"offset {offset} outside {path}")
+        fh.seek(offset)
+        return size, _chunks(fh, self.limits.chunk_bytes)
+
+
+def _chunks(fh: BinaryIO, size: int) -> Iterator[bytes]:
+    with fh:
+        while chunk := fh.read(size):
+            yield chunk
+
+
+def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
+    """Convert a wire telemetry message to a store record, clamping what is out of range.
+
+    Raises:
+        ProtocolError: negative counters or more correct than labelled.
+    """
+    if min(msg.inferences, msg.labelled, msg.correct, msg.dropped_messages) < 0:
+        raise ProtocolError("negative telemetry counter")
+    if msg.correct > msg.labelled or msg.labelled > msg.inferences:
+        raise ProtocolError("telemetry counts are inconsistent")
+    if len(msg.metrics) > 64:
+        raise ProtocolError("more than 64 telemetry metrics")
+    return TelemetryRecord(
+        skill=msg.skill[:64],
+        version=msg.version[:64],
+        inferences=msg.inferences,
+        labelled=msg.labelled,
+        correct=msg.correct,
+        latency_p50_ms=msg.latency_p50_ms,
+        latency_p99_ms=msg.latency_p99_ms,
+        window_start_ms=msg.window_start_ms,
+        window_end_ms=msg.window_end_ms,
+        dropped_messages=msg.dropped_messages,
+        metrics=dict(msg.metrics),
+    )

@@ -1,0 +1,1 @@
+"""Migration scripts; each names the revision it follows in ``down_revision``."""

@@ -1,0 +1,199 @@
+"""Desired state: which skill versions the hub wants on which device.
+
+The rule is level-triggered and has no memory: for each skill name, the
+newest active deployment of that skill whose group selects the device wins.
+Newest means the highest deployment id, so deploying an older version after
+a newer one is a deliberate rollback and wins. The computed set is stored per
+device as canonical JSON with a generation number that grows only when the
+JSON changes, so agents can compare one integer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, exists, select, true, update
+
+from cloud.errors import StoreError, ValidationError
+from cloud.selectors import matches, parse_selector
+from cloud.store.records import DEPLOYMENT_ACTIVE, DesiredSkill
+from cloud.store.schema import (
+    deployments,
+    desired_states,
+    device_groups,
+    device_labels,
+    devices,
+    skill_versions,
+)
+
+__all__ = [
+    "ActiveDeployment",
+    "compute_desired",
+    "decode_skills",
+    "encode_skills",
+    "recompute",
+    "selector_clause",
+]
+
+
+@dataclass(frozen=True)
+class ActiveDeployment:
+    """What the desired-state rule needs to know about one active deployment."""
+
+    id: int
+    skill: str
+    version: str
+    target_name: str
+    selector: Mapping[str, str]
+    config: Mapping[str, str]
+
+
+def compute_desired(
+    labels: Mapping[str, str], active: Iterable[ActiveDeployment]
+) -> tuple[DesiredSkill, ...]:
+    """Apply the desired-state rule to one device.
+
+    Args:
+        labels: The device's labels.
+        active: Every active deployment, in any order.
+
+    Returns:
+        The desired skills, sorted by name.
+    """
+    chosen: dict[str, ActiveDeployment] = {}
+    for dep in sorted(active, key=lambda d: d.id, reverse=True):
+        if dep.skill not in chosen and matches(dep.selector, labels):
+            chosen[dep.skill] = dep
+    return tuple(
+        DesiredSkill(dep.skill, dep.version, dep.target_name, dict(dep.config))
+        for _, dep in sorted(chosen.items())
+    )
+
+
+def encode_skills(skills: Sequence[DesiredSkill]) -> str:
+    """Encode desired skills as canonical JSON (equal sets give equal text)."""
+    items = [
+        {"config": s.config, "name": s.name, "target_name": s.target_name, "version": s.version}
+        for s in sorted(skills, key=lambda s: s.name)
+    ]
+    return json.dumps(items, sort_keys=True, separators=(",", ":"))
+
+
+def decode_skills(text: str) -> tuple[DesiredSkill, ...]:
+    """Decode what :func:`encode_skills` wrote.
+
+    Raises:
+        StoreError: The stored text is not what the store writes.
+    """
+    try:
+        return tuple(
+            DesiredSkill(i["name"], i["version"], i["target_name"], dict(i["config"]))
+            for i in json.loads(text)
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StoreError(f"stored desired state is corrupt: {exc}") from exc
+
+
+def selector_clause(selector: Mapping[str, str]) -> ColumnElement[bool]:
+    """A WHERE clause on ``devices`` that keeps the devices ``selector`` selects."""
+    clauses = [
+        exists().where(
+            device_labels.c.device_id == devices.c.device_id,
+            device_labels.c.key == key,
+            device_labels.c.value == value,
+        )
+        for key, value in selector.items()
+    ]
+    return and_(true(), *clauses)
+
+
+def load_active(conn: Connection) -> list[ActiveDeployment]:
+    """Read every active deployment with its group's selector and target.
+
+    Raises:
+        StoreError: A stored selector or config is corrupt.
+    """
+    query = (
+        select(
+            deployments.c.id,
+            deployments.c.skill,
+            deployments.c.version,
+            skill_versions.c.target_name,
+            device_groups.c.selector,
+            deployments.c.config,
+        )
+        .join(device_groups, device_groups.c.name == deployments.c.group_name)
+        .join(
+            skill_versions,
+            and_(
+                skill_versions.c.name == deployments.c.skill,
+                skill_versions.c.version == deployments.c.version,
+            ),
+        )
+        .where(deployments.c.state == DEPLOYMENT_ACTIVE)
+    )
+    active = []
+    for row in conn.execute(query):
+        try:
+            selector = parse_selector(row.selector)
+            config = json.loads(row.config)
+        except (ValidationError, ValueError) as exc:
+            raise StoreError(f"deployment {row.id} has a corrupt group or config: {exc}") from exc
+        active.append(
+            ActiveDeployment(row.id, row.skill, row.version, row.target_name, selector, config)
+        )
+    return active
+
+
+def recompute(conn: Connection, which: ColumnElement[bool]) -> int:
+    """Recompute and store the desired state of the devices ``which`` keeps.
+
+    Runs inside the caller's transaction; the caller holds the lock that
+    orders desired-state writers.
+
+    Args:
+        conn: A connection in a write transaction.
+        which: A WHERE clause on ``devices``.
+
+    Returns:
+        How many devices got a new generation.
+
+    Raises:
+        StoreError: Stored data is corrupt.
+    """
+    active = load_active(conn)
+    ids = select(devices.c.device_id).where(which)
+    labels: dict[str, dict[str, str]] = defaultdict(dict)
+    for label in conn.execute(select(device_labels).where(device_labels.c.device_id.in_(ids))):
+        labels[label.device_id][label.key] = label.value
+    current = {
+        state.device_id: (state.generation, state.skills)
+        for state in conn.execute(select(desired_states).where(desired_states.c.device_id.in_(ids)))
+    }
+    empty = encode_skills(())
+    inserts: list[dict[str, object]] = []
+    updates: list[dict[str, object]] = []
+    for device_id in conn.execute(ids).scalars():
+        skills = encode_skills(compute_desired(labels[device_id], active))
+        generation, stored = current.get(device_id, (0, empty))
+        if skills == stored:
+            continue
+        new = {"device_id": device_id, "generation": generation + 1, "skills": skills}
+        (updates if device_id in current else inserts).append(new)
+    if inserts:
+        conn.execute(desired_states.insert(), inserts)
+    if updates:
+        _update_rows(conn, updates)
+    return len(inserts) + len(updates)
+
+
+def _update_rows(conn: Connection, rows: list[dict[str, object]]) -> None:
+    stmt = (
+        update(desired_states)
+        .where(desired_states.c.device_id == bindparam("b_device_id"))
+        .values(generation=bindparam("b_generation"), skills=bindparam("b_skills"))
+    )
+    conn.execute(stmt, [{f"b_{key}": value for key, value in row.items()} for row in rows])

@@ -1,0 +1,155 @@
+"""Immutable records the store hands out (never ORM objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEPLOYMENT_ABORTED",
+    "DEPLOYMENT_ACTIVE",
+    "DEPLOYMENT_STATES",
+    "DeploymentRecord",
+    "DesiredRecord",
+    "DesiredSkill",
+    "DeviceRecord",
+    "DeviceSkillSummary",
+    "GroupRecord",
+    "ReportedRecord",
+    "SkillStatusRecord",
+    "SkillVersionRecord",
+    "TelemetryRecord",
+]
+
+DEPLOYMENT_ACTIVE = "active"
+DEPLOYMENT_ABORTED = "aborted"
+DEPLOYMENT_STATES = (DEPLOYMENT_ACTIVE, DEPLOYMENT_ABORTED)
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One device as the hub knows it."""
+
+    device_id: str
+    labels: dict[str, str]
+    profile: dict[str, object]
+    last_seen_ms: int
+    online: bool
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A named selector over device labels; ``selector`` is in canonical form."""
+
+    name: str
+    selector: str
+
+
+@dataclass(frozen=True)
+class SkillVersionRecord:
+    """One immutable skill bundle in the registry."""
+
+    name: str
+    version: str
+    target_name: str
+    sha256: str
+    size: int
+    manifest: str
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class DeploymentRecord:
+    """Skill version ``version`` of ``skill`` rolled out to ``group``."""
+
+    id: int
+    skill: str
+    version: str
+    group: str
+    strategy: str
+    config: dict[str, str]
+    state: str
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class DesiredSkill:
+    """One skill the hub wants on a device."""
+
+    name: str
+    version: str
+    target_name: str
+    config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class DesiredRecord:
+    """Everything the hub wants on a device; ``generation`` grows when it changes."""
+
+    device_id: str
+    generation: int
+    skills: tuple[DesiredSkill, ...]
+
+
+@dataclass(frozen=True)
+class SkillStatusRecord:
+    """What a device says about one of its skills."""
+
+    name: str
+    version: str
+    state: str
+    error: str = ""
+    desired_version: str = ""
+    previous_version: str = ""
+
+
+@dataclass(frozen=True)
+class ReportedRecord:
+    """A device's latest report of its installed skills."""
+
+    device_id: str
+    generation: int
+    skills: tuple[SkillStatusRecord, ...]
+    reported_ms: int
+
+
+@dataclass(frozen=True)
+class TelemetryRecord:
+    """One telemetry window of one skill on one device.
+
+    ``device_id`` is filled in by the store when reading; on writing, the
+    device id passed to the store wins and a different non-empty value here is
+    refused.
+    """
+
+    skill: str
+    version: str
+    inferences: int
+    labelled: int
+    correct: int
+    latency_p50_ms: float
+    latency_p99_ms: float
+    window_start_ms: int
+    window_end_ms: int
+    dropped_messages: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    received_ms: int = 0
+    device_id: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceSkillSummary:
+    """Telemetry of one skill on one device, summed over every window.
+
+    ``accuracy`` is None until some inference was labelled; ``version`` and
+    ``latency_p50_ms`` come from the latest window.
+    """
+
+    device_id: str
+    skill: str
+    version: str
+    inferences: int
+    labelled: int
+    correct: int
+    accuracy: float | None
+    latency_p50_ms: float
+    windows: int

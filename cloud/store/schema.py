@@ -1,0 +1,165 @@
+"""Tables of the registry store.
+
+This metadata is the model Alembic's migrations must match; a test compares
+them. Change a table here, then add a migration under ``cloud/migrations``.
+JSON payloads are kept as text written by the store in canonical form, so
+that both dialects store and compare them the same way.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+__all__ = [
+    "deployments",
+    "desired_states",
+    "device_groups",
+    "device_labels",
+    "devices",
+    "metadata",
+    "reported_states",
+    "skill_versions",
+    "telemetry",
+]
+
+# Fixed constraint names keep migrations identical on SQLite and PostgreSQL.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+ID_LEN = 128
+NAME_LEN = 64
+
+# SQLite only auto-numbers a column declared exactly INTEGER PRIMARY KEY.
+_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("device_id", String(ID_LEN), primary_key=True),
+    Column("profile", Text, nullable=False),
+    Column("last_seen_ms", BigInteger, nullable=False),
+    Column("online", Boolean, nullable=False),
+)
+
+# One row per label so that selectors are answered by the database.
+device_labels = Table(
+    "device_labels",
+    metadata,
+    Column(
+        "device_id",
+        String(ID_LEN),
+        ForeignKey("devices.device_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("key", String(NAME_LEN), primary_key=True),
+    Column("value", String(NAME_LEN), nullable=False),
+    Index(None, "key", "value"),
+)
+
+device_groups = Table(
+    "device_groups",
+    metadata,
+    Column("name", String(NAME_LEN), primary_key=True),
+    Column("selector", Text, nullable=False),
+)
+
+skill_versions = Table(
+    "skill_versions",
+    metadata,
+    Column("name", String(NAME_LEN), primary_key=True),
+    Column("version", String(NAME_LEN), primary_key=True),
+    Column("target_name", String(255), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("manifest", Text, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+)
+
+deployments = Table(
+    "deployments",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("skill", String(NAME_LEN), nullable=False),
+    Column("version", String(NAME_LEN), nullable=False),
+    Column("group_name", String(NAME_LEN), ForeignKey("device_groups.name"), nullable=False),
+    Column("strategy", String(NAME_LEN), nullable=False),
+    Column("config", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    ForeignKeyConstraint(
+        ["skill", "version"],
+        ["skill_versions.name", "skill_versions.version"],
+        name="fk_deployments_skill_skill_versions",
+    ),
+    Index(None, "state", "skill"),
+)
+
+desired_states = Table(
+    "desired_states",
+    metadata,
+    Column(
+        "device_id",
+        String(ID_LEN),
+        ForeignKey("devices.device_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("generation", BigInteger, nullable=False),
+    Column("skills", Text, nullable=False),
+)
+
+reported_states = Table(
+    "reported_states",
+    metadata,
+    Column(
+        "device_id",
+        String(ID_LEN),
+        ForeignKey("devices.device_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("generation", BigInteger, nullable=False),
+    Column("skills", Text, nullable=False),
+    Column("reported_ms", BigInteger, nullable=False),
+)
+
+# No foreign key to devices: telemetry is never refused for want of a device row.
+telemetry = Table(
+    "telemetry",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+    Column("msg_id", String(ID_LEN), nullable=False, unique=True),
+    Column("device_id", String(ID_LEN), nullable=False),
+    Column("skill", String(NAME_LEN), nullable=False),
+    Column("version", String(NAME_LEN), nullable=False),
+    Column("inferences", BigInteger, nullable=False),
+    Column("labelled", BigInteger, nullable=False),
+    Column("correct", BigInteger, nullable=False),
+    Column("latency_p50_ms", Float, nullable=False),
+    Column("latency_p99_ms", Float, nullable=False),
+    Column("window_start_ms", BigInteger, nullable=False),
+    Column("window_end_ms", BigInteger, nullable=False),
+    Column("dropped_messages", BigInteger, nullable=False),
+    Column("metrics", Text, nullable=False),
+    Column("received_ms", BigInteger, nullable=False),
+    Index(None, "device_id", "skill", "window_end_ms"),
+    Index(None, "skill"),
+)

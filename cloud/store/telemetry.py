@@ -1,0 +1,169 @@
+"""Telemetry rows: idempotent inserts and the per-device summary.
+
+Deduplication rests on the unique constraint on ``msg_id`` and
+``INSERT ... ON CONFLICT DO NOTHING``, so it holds across hub processes
+inserting at the same time, not only within one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from cloud.errors import StoreError, ValidationError
+from cloud.store import _validate as check
+from cloud.store.records import DeviceSkillSummary, TelemetryRecord
+from cloud.store.schema import telemetry
+
+__all__ = ["insert_telemetry", "prepare_rows", "select_telemetry", "summarise"]
+
+MAX_TELEMETRY_ROWS = 100_000
+
+
+def prepare_rows(
+    device_id: str, items: Sequence[tuple[str, TelemetryRecord]]
+) -> list[dict[str, Any]]:
+    """Validate telemetry windows and turn them into table rows.
+
+    Raises:
+        ValidationError: A message id, the device id or a window is malformed,
+            or the batch is over the cap.
+    """
+    check.device_id(device_id)
+    if len(items) > check.MAX_TELEMETRY_BATCH:
+        raise ValidationError(f"telemetry batch over {check.MAX_TELEMETRY_BATCH} items")
+    rows = []
+    for msg_id, record in items:
+        check.msg_id(msg_id)
+        check.telemetry(record)
+        if record.device_id and record.device_id != device_id:
+            raise ValidationError(f"telemetry of {record.device_id!r} sent for {device_id!r}")
+        rows.append(
+            {
+                "msg_id": msg_id,
+                "device_id": device_id,
+                "skill": record.skill,
+                "version": record.version,
+                "inferences": record.inferences,
+                "labelled": record.labelled,
+                "correct": record.correct,
+                "latency_p50_ms": float(record.latency_p50_ms),
+                "latency_p99_ms": float(record.latency_p99_ms),
+                "window_start_ms": record.window_start_ms,
+                "window_end_ms": record.window_end_ms,
+                "dropped_messages": record.dropped_messages,
+                "metrics": json.dumps(
+                    {k: float(v) for k, v in record.metrics.items()}, sort_keys=True
+                ),
+                "received_ms": record.received_ms,
+            }
+        )
+    return rows
+
+
+def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]:
+    """Insert rows, skipping message ids already stored or repeated in ``rows``.
+
+    Returns:
+        For each row, True when it was stored, False for a duplicate.
+    """
+    fresh: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        fresh.setdefault(row["msg_id"], row)
+    stored: set[str] = set()
+    if fresh:
+        dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
+        stmt = (
+            dialect.insert(telemetry)
+            .on_conflict_do_nothing(index_elements=["msg_id"])
+            .returning(telemetry.c.msg_id)
+        )
+        stored = set(conn.execute(stmt, list(fresh.values())).scalars())
+    results = []
+    for row in rows:
+        msg_id = row["msg_id"]
+        results.append(msg_id in stored and fresh[msg_id] is row)
+    return results
+
+
+def _to_record(row: Row[Any]) -> TelemetryRecord:
+    try:
+        metrics = {str(k): float(v) for k, v in json.loads(row.metrics).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise StoreError(f"telemetry {row.msg_id!r} has corrupt metrics: {exc}") from exc
+    return TelemetryRecord(
+        skill=row.skill,
+        version=row.version,
+        inferences=row.inferences,
+        labelled=row.labelled,
+        correct=row.correct,
+        latency_p50_ms=row.latency_p50_ms,
+        latency_p99_ms=row.latency_p99_ms,
+        window_start_ms=row.window_start_ms,
+        window_end_ms=row.window_end_ms,
+        dropped_messages=row.dropped_messages,
+        metrics=metrics,
+        received_ms=row.received_ms,
+        device_id=row.device_id,
+    )
+
+
+def select_telemetry(
+    conn: Connection, device_id: str | None, skill: str | None, limit: int
+) -> list[TelemetryRecord]:
+    """Read the latest ``limit`` windows, returned oldest first.
+
+    Raises:
+        StoreError: A stored row is corrupt.
+    """
+    query = select(telemetry)
+    if device_id is not None:
+        query = query.where(telemetry.c.device_id == device_id)
+    if skill is not None:
+        query = query.where(telemetry.c.skill == skill)
+    query = query.order_by(telemetry.c.window_end_ms.desc(), telemetry.c.id.desc()).limit(limit)
+    return [_to_record(row) for row in reversed(conn.execute(query).all())]
+
+
+def summarise(conn: Connection) -> list[DeviceSkillSummary]:
+    """Sum telemetry per device and skill, with the latest window's version and p50."""
+    key = (telemetry.c.device_id, telemetry.c.skill)
+    totals = select(
+        *key,
+        func.sum(telemetry.c.inferences).label("inferences"),
+        func.sum(telemetry.c.labelled).label("labelled"),
+        func.sum(telemetry.c.correct).label("correct"),
+        func.count().label("windows"),
+    ).group_by(*key)
+    rank = (
+        func.row_number()
+        .over(partition_by=key, order_by=(telemetry.c.window_end_ms.desc(), telemetry.c.id.desc()))
+        .label("rank")
+    )
+    ranked = select(*key, telemetry.c.version, telemetry.c.latency_p50_ms, rank).subquery()
+    latest = {
+        (row.device_id, row.skill): row
+        for row in conn.execute(select(ranked).where(ranked.c.rank == 1))
+    }
+    summaries = []
+    for row in conn.execute(totals.order_by(*key)):
+        last = latest[(row.device_id, row.skill)]
+        labelled, correct = int(row.labelled), int(row.correct)
+        summaries.append(
+            DeviceSkillSummary(
+                device_id=row.device_id,
+                skill=row.skill,
+                version=last.version,
+                inferences=int(row.inferences),
+                labelled=labelled,
+                correct=correct,
+                accuracy=correct / labelled if labelled else None,
+                latency_p50_ms=float(last.latency_p50_ms),
+                windows=int(row.windows),
+            )
+        )
+    return summaries

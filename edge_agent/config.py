@@ -1,0 +1,41 @@
+"""The agent's settings, in one frozen dataclass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything one agent process needs to know.
+
+    Attributes:
+        hub_url: ``grpc://host:port`` or ``mqtt://host:port``.
+        device_id: this device's id, unique in the fleet.
+        state_dir: the one folder the agent keeps its state in.
+        labels: labels the device registers with (``kind=camera``).
+        board: a board name from the profile table, instead of detection.
+        trusted_root: the hub's TUF ``root.json``; without it the agent trusts
+            the hub's first root on first use (and says so in its log).
+        source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running skill.
+        source_rate_hz: items per second the source feeds, per skill.
+        telemetry_window_s: how often inference counters are sent up.
+        reconcile_interval_s: a full reconcile runs at least this often.
+        max_backoff_s: longest wait between reconnect attempts.
+    """
+
+    hub_url: str
+    device_id: str
+    state_dir: Path
+    labels: Mapping[str, str] = field(default_factory=dict)
+    board: str | None = None
+    trusted_root: Path | None = None
+    source: Path | None = None
+    source_rate_hz: float = 200.0
+    telemetry_window_s: float = 2.0
+    reconcile_interval_s: float = 5.0
+    max_backoff_s: float = 5.0
+    ack_timeout_s: float = 10.0
+    max_bundle_bytes: int = 512 * 1024 * 1024

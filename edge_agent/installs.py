@@ -1,0 +1,477 @@
+"""Skill installs on disk, with an atomic ``current`` switch and one-step rollback.
+
+Layout under the agent's state folder::
+
+    <root>/skills/<name>/<version>/     an unpacked bundle; complete once it holds MARKER
+    <root>/skills/<name>/current        symlink -> "<version>" (the active version)
+    <root>/skills/<name>/previous       symlink -> the version active before it
+    <root>/bundles/                     the downloaded bundle cache
+
+Every change is a sequence of atomic steps (a rename of a whole folder, an
+``os.replace`` of a symlink, a marker written last), so a crash at any point
+leaves something :meth:`InstallStore.recover` can turn back into exactly one
+complete, verified active version per skill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.errors import InstallError
+
+__all__ = ["MARKER", "InstallStore", "InstalledSkill"]
+
+MARKER = ".edgeskill-installed.json"
+"""Written last into a version folder; a folder without it is a half-finished install."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+_LINKS = ("current", "previous")
+_TEMP_LINK_PREFIXES = ("current.", "previous.")
+_MAX_MARKER_BYTES = 8 * 1024 * 1024
+
+InstallFn = Callable[[Path, Path], object]
+StepHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class InstalledSkill:
+    """The active version of one skill.
+
+    Attributes:
+        name: The skill name.
+        version: The active version.
+        path: Its unpacked folder.
+        previous: The version a rollback would return to, if any.
+    """
+
+    name: str
+    version: str
+    path: Path
+    previous: str | None
+
+
+class InstallStore:
+    """Skill versions unpacked under ``<root>/skills`` and switched atomically.
+
+    Thread-safe within one process; one agent process owns a state folder.
+
+    Args:
+        root: The agent's state folder.
+        install_fn: ``install_fn(bundle, dest)`` unpacks and verifies a bundle into ``dest``,
+            which must not exist; defaults to :func:`skills.bundle.install_bundle`.
+        step_hook: Called with the name of each durable step as it completes (``unpacked``,
+            ``marked``, ``previous-tmp``, ``previous-replaced``, ``current-tmp``,
+            ``current-replaced``, ``trashed``); for tracing and fault-injection tests.
+
+    Raises:
+        InstallError: The state folder cannot be created.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        install_fn: InstallFn | None = None,
+        *,
+        step_hook: StepHook | None = None,
+    ) -> None:
+        if install_fn is None:
+            from skills.bundle import install_bundle  # noqa: PLC0415 - only when needed
+
+            install_fn = install_bundle
+        self._root = root
+        self._skills = root / "skills"
+        self._install_fn = install_fn
+        self._hook: StepHook = step_hook or (lambda _step: None)
+        self._lock = threading.RLock()
+        try:
+            self._skills.mkdir(parents=True, exist_ok=True)
+            self.bundles_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise InstallError(f"cannot create the install folders under {root}: {exc}") from exc
+
+    @property
+    def bundles_dir(self) -> Path:
+        """The folder that caches downloaded bundles."""
+        return self._root / "bundles"
+
+    def recover(self) -> list[str]:
+        """Repair what an interrupted install, switch or removal left behind; call at start-up.
+
+        Removes staging and trash folders, temporary symlinks and version folders without
+        their marker or whose files no longer match it; a ``current`` that is dangling or
+        broken falls back to ``previous``; a ``previous`` that is broken or equal to
+        ``current`` is dropped.
+
+        Returns:
+            What was cleaned, as paths relative to the state folder with a reason.
+
+        Raises:
+            InstallError: The folders cannot be read or changed.
+        """
+        cleaned: list[str] = []
+        with self._lock:
+            try:
+                for entry in sorted(self._skills.iterdir()):
+                    if entry.name.startswith("."):
+                        self._delete(entry)
+                        cleaned.append(f"{self._rel(entry)}: leftover")
+                    elif entry.is_dir() and not entry.is_symlink() and _NAME.fullmatch(entry.name):
+                        cleaned.extend(self._recover_skill(entry))
+            except OSError as exc:
+                raise InstallError(f"cannot recover the installs: {exc}") from exc
+        return cleaned
+
+    def _recover_skill(self, skill_dir: Path) -> list[str]:
+        cleaned: list[str] = []
+        for entry in sorted(skill_dir.iterdir()):
+            if entry.name.startswith(".") or entry.name.startswith(_TEMP_LINK_PREFIXES):
+                self._delete(entry)
+                cleaned.append(f"{self._rel(entry)}: leftover")
+            elif _is_version_dir(entry) and not _verified(entry):
+                self._discard(entry)
+                cleaned.append(f"{self._rel(entry)}: incomplete or damaged")
+        for link in _LINKS:
+            if (skill_dir / link).is_symlink() and self._active(skill_dir, link) is None:
+                (skill_dir / link).unlink()
+                cleaned.append(f"{self._rel(skill_dir / link)}: dangling")
+        cur = self._active(skill_dir, "current")
+        prev = self._active(skill_dir, "previous")
+        if cur is None and prev is not None:
+            self._set_link(skill_dir, "current", prev)
+            cleaned.append(f"{self._rel(skill_dir / 'current')}: fell back to {prev}")
+        if prev is not None and cur in (None, prev):
+            (skill_dir / "previous").unlink()
+        _fsync_dir(skill_dir)
+        if not any(skill_dir.iterdir()):
+            skill_dir.rmdir()
+        return cleaned
+
+    def is_installed(self, name: str, version: str) -> bool:
+        """Whether a complete unpacked folder exists for this version (its marker is present).
+
+        Raises:
+            InstallError: The name or version is not a safe folder name.
+        """
+        return _is_complete(self._skill_dir(name) / _check_name("version", version))
+
+    def unpack(self, name: str, version: str, bundle: Path) -> Path:
+        """Unpack a bundle into ``skills/<name>/<version>`` unless that version is already there.
+
+        Args:
+            name: The skill name.
+            version: The skill version.
+            bundle: The bundle file to unpack with ``install_fn``.
+
+        Returns:
+            The complete version folder.
+
+        Raises:
+            InstallError: Bad name or version, or the bundle could not be unpacked or verified;
+                nothing of this version is left behind.
+        """
+        skill_dir = self._skill_dir(name)
+        dest = skill_dir / _check_name("version", version)
+        with self._lock:
+            if _is_complete(dest):
+                return dest
+            new_skill = not skill_dir.exists()
+            try:
+                skill_dir.mkdir(parents=True, exist_ok=True)
+                if dest.exists() or dest.is_symlink():
+                    self._delete(dest)  # an interrupted unpack that recover() has not seen
+                self._install_fn(bundle, dest)
+                if not _is_version_dir(dest):
+                    raise InstallError(f"the installer did not create {dest.name}/")
+                self._hook("unpacked")
+                self._write_marker(name, version, dest)
+            except Exception as exc:
+                self._undo_unpack(dest, skill_dir, new_skill)
+                if isinstance(exc, InstallError):
+                    raise
+                raise InstallError(f"cannot install {name} {version} from {bundle}: {exc}") from exc
+            self._hook("marked")
+            return dest
+
+    def _write_marker(self, name: str, version: str, dest: Path) -> None:
+        """Flush every unpacked file to disk, then record their sizes in the marker, last."""
+        if (dest / MARKER).exists():
+            raise InstallError(f"the bundle contains the reserved file {MARKER}")
+        files: dict[str, int] = {}
+        for path in sorted(dest.rglob("*")):
+            if path.is_symlink():
+                raise InstallError(f"the unpacked bundle contains a link: {path.relative_to(dest)}")
+            if path.is_file():
+                files[path.relative_to(dest).as_posix()] = path.stat().st_size
+                _fsync_path(path)
+            elif path.is_dir():
+                _fsync_dir(path)
+        record = {"name": name, "version": version, "installed_ms": time.time_ns() // 1_000_000}
+        tmp = dest / f"{MARKER}.tmp"
+        tmp.write_text(json.dumps({**record, "files": files}), encoding="utf-8")
+        _fsync_path(tmp)
+        tmp.replace(dest / MARKER)
+        _fsync_dir(dest)
+        _fsync_dir(dest.parent)
+
+    def _undo_unpack(self, dest: Path, skill_dir: Path, new_skill: bool) -> None:
+        if dest.exists() and not dest.is_symlink():
+            shutil.rmtree(dest, ignore_errors=True)
+        if new_skill and skill_dir.is_dir() and not any(skill_dir.iterdir()):
+            skill_dir.rmdir()
+
+    def activate(self, name: str, version: str) -> None:
+        """Make an unpacked version the active one; the former active one becomes ``previous``.
+
+        ``previous`` is switched before ``current``: a crash between the two leaves both on
+        the old version, and simply calling :meth:`activate` again finishes the job.
+
+        Raises:
+            InstallError: The version is not installed, or the links cannot be switched.
+        """
+        skill_dir = self._skill_dir(name)
+        _check_name("version", version)
+        with self._lock:
+            if not _is_complete(skill_dir / version):
+                raise InstallError(f"{name} {version} is not installed")
+            cur = self._active(skill_dir, "current")
+            if cur == version:
+                return
+            try:
+                if cur is not None:
+                    self._set_link(skill_dir, "previous", cur)
+                self._set_link(skill_dir, "current", version)
+            except OSError as exc:
+                raise InstallError(f"cannot activate {name} {version}: {exc}") from exc
+
+    def rollback(self, name: str) -> str:
+        """Make ``previous`` the active version again (and the rolled-back one ``previous``).
+
+        ``current`` is switched first, so a crash in between has already rolled back.
+
+        Returns:
+            The version now active.
+
+        Raises:
+            InstallError: There is no complete previous version, or the links cannot be switched.
+        """
+        skill_dir = self._skill_dir(name)
+        with self._lock:
+            prev = self._active(skill_dir, "previous")
+            cur = self._active(skill_dir, "current")
+            if prev is None or prev == cur:
+                raise InstallError(f"{name} has no previous version to roll back to")
+            try:
+                self._set_link(skill_dir, "current", prev)
+                if cur is not None:
+                    self._set_link(skill_dir, "previous", cur)
+                else:
+                    (skill_dir / "previous").unlink()
+                    _fsync_dir(skill_dir)
+            except OSError as exc:
+                raise InstallError(f"cannot roll {name} back to {prev}: {exc}") from exc
+            return prev
+
+    def current(self, name: str) -> InstalledSkill | None:
+        """The active version of a skill, or ``None`` if it has none.
+
+        Raises:
+            InstallError: The name is not a safe folder name.
+        """
+        skill_dir = self._skill_dir(name)
+        with self._lock:
+            cur = self._active(skill_dir, "current")
+            if cur is None:
+                return None
+            prev = self._active(skill_dir, "previous")
+            return InstalledSkill(name, cur, skill_dir / cur, None if prev == cur else prev)
+
+    def installed(self) -> list[InstalledSkill]:
+        """The active version of every skill that has one, sorted by name.
+
+        Raises:
+            InstallError: The skills folder cannot be read.
+        """
+        try:
+            names = sorted(p.name for p in self._skills.iterdir() if _NAME.fullmatch(p.name))
+        except OSError as exc:
+            raise InstallError(f"cannot list {self._skills}: {exc}") from exc
+        found = (self.current(n) for n in names)
+        return [skill for skill in found if skill is not None]
+
+    def remove_skill(self, name: str) -> None:
+        """Deactivate and delete every version of a skill; a skill not installed is fine.
+
+        Raises:
+            InstallError: Bad name, or the folder cannot be removed.
+        """
+        skill_dir = self._skill_dir(name)
+        with self._lock:
+            if not skill_dir.exists():
+                return
+            try:
+                self._discard(skill_dir)
+            except OSError as exc:
+                raise InstallError(f"cannot remove {name}: {exc}") from exc
+
+    def prune(self, name: str, keep: int = 2) -> None:
+        """Delete old versions, keeping ``current``, ``previous`` and the newest up to ``keep``.
+
+        Args:
+            name: The skill name.
+            keep: How many complete versions to keep; 1 keeps only ``current`` (and drops
+                ``previous``).
+
+        Raises:
+            InstallError: Bad name, ``keep`` < 1, or a folder cannot be removed.
+        """
+        if keep < 1:
+            raise InstallError(f"prune must keep at least one version, got keep={keep}")
+        skill_dir = self._skill_dir(name)
+        with self._lock:
+            if not skill_dir.is_dir():
+                return
+            try:
+                self._prune(skill_dir, keep)
+            except OSError as exc:
+                raise InstallError(f"cannot prune {name}: {exc}") from exc
+
+    def _prune(self, skill_dir: Path, keep: int) -> None:
+        cur = self._active(skill_dir, "current")
+        prev = self._active(skill_dir, "previous")
+        complete = [p for p in skill_dir.iterdir() if _is_complete(p)]
+        complete.sort(key=_installed_ms, reverse=True)
+        ranked = [v for v in (cur, prev) if v is not None]
+        ranked += [p.name for p in complete if p.name not in ranked]
+        kept = set(ranked[:keep])
+        if prev is not None and prev not in kept:
+            (skill_dir / "previous").unlink()
+            _fsync_dir(skill_dir)
+        for path in complete:
+            if path.name not in kept:
+                self._discard(path)
+
+    def _skill_dir(self, name: str) -> Path:
+        return self._skills / _check_name("skill name", name)
+
+    def _active(self, skill_dir: Path, link: str) -> str | None:
+        """The version a link points at, if that version is complete."""
+        target = _read_link(skill_dir / link)
+        return target if target is not None and _is_complete(skill_dir / target) else None
+
+    def _set_link(self, skill_dir: Path, link: str, version: str) -> None:
+        tmp = skill_dir / f"{link}.tmp-{secrets.token_hex(4)}"
+        tmp.symlink_to(version)
+        self._hook(f"{link}-tmp")
+        tmp.replace(skill_dir / link)
+        _fsync_dir(skill_dir)
+        self._hook(f"{link}-replaced")
+
+    def _discard(self, path: Path) -> None:
+        """Delete a complete folder so that no crash can leave it looking complete."""
+        trash = path.parent / f".trash-{path.name}-{secrets.token_hex(4)}"
+        path.replace(trash)
+        _fsync_dir(path.parent)
+        self._hook("trashed")
+        shutil.rmtree(trash)
+
+    @staticmethod
+    def _delete(path: Path) -> None:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self._root).as_posix()
+
+
+def _check_name(what: str, value: str) -> str:
+    if (
+        not isinstance(value, str)
+        or not _NAME.fullmatch(value)
+        or value in _LINKS
+        or value.startswith(_TEMP_LINK_PREFIXES)
+    ):
+        raise InstallError(
+            f"bad {what} {value!r}: use 1-128 of letters, digits, '.', '_', '+', '-', "
+            "starting with a letter or digit, and not 'current' or 'previous'"
+        )
+    return value
+
+
+def _is_version_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and path.name not in _LINKS
+
+
+def _is_complete(path: Path) -> bool:
+    return _is_version_dir(path) and (path / MARKER).is_file()
+
+
+def _read_link(link: Path) -> str | None:
+    """The version a symlink names, or ``None`` if it is not a link to a plain version name."""
+    try:
+        target = str(link.readlink())
+    except OSError:
+        return None
+    try:
+        return _check_name("link target", target)
+    except InstallError:
+        return None
+
+
+def _read_marker(version_dir: Path) -> dict[str, object] | None:
+    try:
+        with (version_dir / MARKER).open("rb") as f:
+            raw = f.read(_MAX_MARKER_BYTES + 1)
+        record = json.loads(raw) if len(raw) <= _MAX_MARKER_BYTES else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _installed_ms(version_dir: Path) -> int:
+    record = _read_marker(version_dir) or {}
+    stamp = record.get("installed_ms")
+    return stamp if isinstance(stamp, int) else 0
+
+
+def _verified(version_dir: Path) -> bool:
+    """Whether a version folder is complete and every file the marker lists has its size."""
+    if not _is_complete(version_dir):
+        return False
+    record = _read_marker(version_dir)
+    if record is None or record.get("version") != version_dir.name:
+        return False
+    files = record.get("files")
+    if not isinstance(files, dict):
+        return False
+    for rel, size in files.items():
+        path = version_dir / str(rel)
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,317 @@
+"""The durable outbox: everything the agent sends up waits here until the hub acknowledges it.
+
+Entries live in one SQLite database in WAL mode. The database runs with
+``synchronous=FULL``: every commit waits for the WAL to reach the disk, so an entry
+whose :meth:`Outbox.put` has returned survives a crash of the agent *and* a power cut.
+``NORMAL`` would only survive a crash of the process, and edge devices lose power
+(a camera unplugged, a gateway browning out) far more often than servers do; one
+fsync per message is cheap next to a network send.
+
+The outbox is bounded. When a new entry would exceed a cap, the oldest entries are
+dropped to make room (fresh telemetry is worth more than stale), and the number dropped
+is kept in a persistent counter so the hub can be told what was lost.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from edge_agent.errors import OutboxError
+
+__all__ = ["MAX_ID_LENGTH", "Outbox", "OutboxEntry"]
+
+MAX_ID_LENGTH = 256
+"""Longest accepted ``msg_id`` and ``kind``, in characters."""
+
+_MAX_PENDING_LIMIT = 10_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    msg_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    created_ms INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO counters (name, value) VALUES ('dropped', 0);
+INSERT OR REPLACE INTO counters (name, value) SELECT 'count', COUNT(*) FROM entries;
+INSERT OR REPLACE INTO counters (name, value)
+    SELECT 'bytes', COALESCE(SUM(LENGTH(payload)), 0) FROM entries;
+"""
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One message waiting for the hub's acknowledgement.
+
+    Attributes:
+        msg_id: The message id, unique within the outbox.
+        kind: The message kind (routes it on the hub side).
+        payload: The serialised message.
+        created_ms: When it was put, in milliseconds since the epoch.
+        attempts: How many times it has been sent so far.
+    """
+
+    msg_id: str
+    kind: str
+    payload: bytes
+    created_ms: int
+    attempts: int
+
+
+class Outbox:
+    """A bounded, durable, thread-safe FIFO of outgoing messages.
+
+    Args:
+        path: The SQLite database file; its folder is created if missing.
+        max_entries: Most entries kept; older ones are dropped beyond it.
+        max_bytes: Most payload bytes kept in total; older entries are dropped beyond it.
+        max_payload: Largest payload accepted by :meth:`put`.
+
+    Raises:
+        OutboxError: The caps are inconsistent or the database cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_entries: int = 100_000,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_payload: int = 256 * 1024,
+    ) -> None:
+        if max_entries < 1 or max_payload < 1 or max_bytes < max_payload:
+            raise OutboxError(
+                f"bad outbox caps: max_entries={max_entries}, max_bytes={max_bytes}, "
+                f"max_payload={max_payload} (need max_entries >= 1, 1 <= max_payload <= max_bytes)"
+            )
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._max_payload = max_payload
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                path, timeout=10.0, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise OutboxError(f"cannot open outbox {path}: {exc}") from exc
+        try:
+            self._conn = conn
+            self._setup(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            self._conn = None
+            raise OutboxError(f"cannot open outbox {path}: {exc}") from exc
+
+    @staticmethod
+    def _setup(conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise sqlite3.OperationalError(f"WAL mode refused (journal_mode={mode})")
+        conn.execute("PRAGMA synchronous=FULL")
+        # The running totals are recomputed once at open, so they can never drift for long.
+        conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one write transaction; commit on success, roll back otherwise."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise OutboxError("the outbox is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                finally:
+                    # A failed COMMIT (disk full, I/O error) leaves the transaction open.
+                    if conn.in_transaction:
+                        conn.rollback()
+            except sqlite3.Error as exc:
+                raise OutboxError(f"outbox database error: {exc}") from exc
+
+    def put(self, msg_id: str, kind: str, payload: bytes) -> None:
+        """Store a message durably; a ``msg_id`` already waiting is ignored.
+
+        Over a cap, the oldest entries (never this one) are dropped and counted.
+
+        Args:
+            msg_id: Unique message id, 1 to :data:`MAX_ID_LENGTH` characters.
+            kind: Message kind, 1 to :data:`MAX_ID_LENGTH` characters.
+            payload: The serialised message, at most ``max_payload`` bytes.
+
+        Raises:
+            OutboxError: A bad id, kind or payload size (nothing is stored), or a database error.
+        """
+        _check_text("msg_id", msg_id)
+        _check_text("kind", kind)
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise OutboxError(f"payload must be bytes, got {type(payload).__name__}")
+        data = bytes(payload)
+        if len(data) > self._max_payload:
+            raise OutboxError(
+                f"payload of {len(data)} bytes exceeds the outbox cap of {self._max_payload}"
+            )
+        with self._transaction() as conn:
+            if conn.execute("SELECT 1 FROM entries WHERE msg_id = ?", (msg_id,)).fetchone():
+                return
+            self._make_room(conn, len(data))
+            conn.execute(
+                "INSERT INTO entries (msg_id, kind, payload, created_ms) VALUES (?, ?, ?, ?)",
+                (msg_id, kind, data, time.time_ns() // 1_000_000),
+            )
+            _add_totals(conn, 1, len(data))
+
+    def _make_room(self, conn: sqlite3.Connection, incoming: int) -> None:
+        """Drop the oldest entries until one more of ``incoming`` bytes fits both caps."""
+        count, total = _totals(conn)
+        excess_count = count + 1 - self._max_entries
+        excess_bytes = total + incoming - self._max_bytes
+        if excess_count <= 0 and excess_bytes <= 0:
+            return
+        dropped, freed, last_seq = 0, 0, None
+        rows = conn.execute("SELECT seq, LENGTH(payload) FROM entries ORDER BY seq")
+        for seq, size in rows:
+            if dropped >= excess_count and freed >= excess_bytes:
+                break
+            dropped, freed, last_seq = dropped + 1, freed + size, seq
+        rows.close()
+        conn.execute("DELETE FROM entries WHERE seq <= ?", (last_seq,))
+        conn.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'", (dropped,))
+        _add_totals(conn, -dropped, -freed)
+
+    def pending(self, limit: int = 100) -> list[OutboxEntry]:
+        """Return up to ``limit`` waiting entries, oldest first.
+
+        Args:
+            limit: How many entries at most, 1 to 10,000.
+
+        Raises:
+            OutboxError: ``limit`` is out of range, or a database error.
+        """
+        if not 1 <= limit <= _MAX_PENDING_LIMIT:
+            raise OutboxError(f"pending limit must be 1..{_MAX_PENDING_LIMIT}, got {limit}")
+        with self._transaction() as conn:
+            rows = conn.execute(
+                "SELECT msg_id, kind, payload, created_ms, attempts FROM entries "
+                "ORDER BY seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [OutboxEntry(r[0], r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+
+    def mark_attempted(self, msg_ids: Sequence[str]) -> None:
+        """Count one more send attempt for each given entry; unknown ids are ignored.
+
+        Raises:
+            OutboxError: A database error.
+        """
+        ids = _unique_ids(msg_ids)
+        with self._transaction() as conn:
+            conn.executemany(
+                "UPDATE entries SET attempts = attempts + 1 WHERE msg_id = ?",
+                [(i,) for i in ids],
+            )
+
+    def ack(self, msg_ids: Sequence[str]) -> int:
+        """Delete entries the hub has acknowledged.
+
+        Args:
+            msg_ids: Ids acknowledged by the hub; unknown ids are ignored.
+
+        Returns:
+            How many entries were removed.
+
+        Raises:
+            OutboxError: A database error.
+        """
+        ids = _unique_ids(msg_ids)
+        removed, freed = 0, 0
+        with self._transaction() as conn:
+            for msg_id in ids:
+                row = conn.execute(
+                    "SELECT seq, LENGTH(payload) FROM entries WHERE msg_id = ?", (msg_id,)
+                ).fetchone()
+                if row is not None:
+                    conn.execute("DELETE FROM entries WHERE seq = ?", (row[0],))
+                    removed, freed = removed + 1, freed + row[1]
+            _add_totals(conn, -removed, -freed)
+        return removed
+
+    def take_dropped(self) -> int:
+        """Return how many entries were dropped over the caps since the last call, and reset.
+
+        Raises:
+            OutboxError: A database error.
+        """
+        with self._transaction() as conn:
+            (dropped,) = conn.execute(
+                "SELECT value FROM counters WHERE name = 'dropped'"
+            ).fetchone()
+            conn.execute("UPDATE counters SET value = 0 WHERE name = 'dropped'")
+        return int(dropped)
+
+    def __len__(self) -> int:
+        """Return the number of waiting entries.
+
+        Raises:
+            OutboxError: A database error or a closed outbox.
+        """
+        with self._transaction() as conn:
+            count, _ = _totals(conn)
+        return count
+
+    def close(self) -> None:
+        """Close the database; later calls raise :class:`OutboxError`. Closing twice is fine."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _totals(conn: sqlite3.Connection) -> tuple[int, int]:
+    rows = dict(conn.execute("SELECT name, value FROM counters WHERE name IN ('count', 'bytes')"))
+    return int(rows["count"]), int(rows["bytes"])
+
+
+def _add_totals(conn: sqlite3.Connection, entries: int, size: int) -> None:
+    conn.executemany(
+        "UPDATE counters SET value = value + ? WHERE name = ?",
+        [(entries, "count"), (size, "bytes")],
+    )
+
+
+def _check_text(what: str, value: str) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_LENGTH:
+        raise OutboxError(f"{what} must be a string of 1..{MAX_ID_LENGTH} characters")
+
+
+def _unique_ids(msg_ids: Sequence[str]) -> list[str]:
+    if isinstance(msg_ids, str):
+        raise OutboxError("msg_ids must be a sequence of ids, not one string")
+    return list(dict.fromkeys(msg_ids))

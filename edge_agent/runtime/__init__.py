@@ -1,0 +1,28 @@
+"""The runtime facade: the best model variant and backend for this device.
+
+Importing this package imports neither OpenVINO nor LiteRT; each backend loads
+its library the first time it is asked whether it is available.
+"""
+
+from edge_agent.runtime.backends import (
+    Backend,
+    LiteRtBackend,
+    LoadedModel,
+    OnnxRuntimeBackend,
+    OpenVinoBackend,
+    default_backends,
+)
+from edge_agent.runtime.facade import Runtime
+from edge_agent.runtime.selection import backend_for, select_variant
+
+__all__ = [
+    "Backend",
+    "LiteRtBackend",
+    "LoadedModel",
+    "OnnxRuntimeBackend",
+    "OpenVinoBackend",
+    "Runtime",
+    "backend_for",
+    "default_backends",
+    "select_variant",
+]

@@ -1,0 +1,300 @@
+"""Inference backends: ONNX Runtime, OpenVINO and LiteRT behind one small interface.
+
+Each backend imports its library only inside :meth:`Backend.available` and
+:meth:`Backend.load`, so importing this module costs nothing on a device that
+lacks OpenVINO or LiteRT.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edge_agent.errors import RuntimeBackendError
+from edge_agent.profile import providers_for
+
+__all__ = [
+    "Backend",
+    "LiteRtBackend",
+    "LoadedModel",
+    "OnnxRuntimeBackend",
+    "OpenVinoBackend",
+    "default_backends",
+]
+
+_log = logging.getLogger(__name__)
+
+_CPU_PROVIDER = "CPUExecutionProvider"
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class LoadedModel:
+    """A model loaded by a backend; satisfies :class:`skills.sdk.Model`.
+
+    Attributes:
+        name: The model's name (the manifest's, or the file stem).
+        target: The target of the loaded variant.
+        backend: The backend's name.
+        provider: What actually executes it (an ONNX Runtime provider, an OpenVINO device).
+        input_names: Graph input names, in order.
+        output_names: Graph output names, in order.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        target: str,
+        backend: str,
+        provider: str,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        runner: Runner,
+    ) -> None:
+        self.name = name
+        self.target = target
+        self.backend = backend
+        self.provider = provider
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self._runner = runner
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model once.
+
+        Args:
+            feeds: Exactly one array per input name.
+
+        Returns:
+            One array per output name.
+
+        Raises:
+            RuntimeBackendError: The feeds do not name the inputs, or inference failed.
+        """
+        if set(feeds) != set(self.input_names):
+            raise RuntimeBackendError(
+                f"model {self.name!r} takes inputs {list(self.input_names)}, got {sorted(feeds)}"
+            )
+        arrays = {key: np.asarray(value) for key, value in feeds.items()}
+        try:
+            return self._runner(arrays)
+        except Exception as exc:
+            raise RuntimeBackendError(
+                f"model {self.name!r} failed on {self.backend}: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"LoadedModel({self.name!r}, target={self.target!r}, provider={self.provider!r})"
+
+
+class Backend(ABC):
+    """One inference library, able to load model files for some targets."""
+
+    #: Short name recorded on loaded models.
+    name: ClassVar[str]
+    #: The targets whose variants this backend can load.
+    targets: ClassVar[frozenset[str]]
+    #: The module whose import decides availability.
+    _module: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._imported: ModuleType | None = None
+        self._import_failed = False
+
+    def serves(self, target: str) -> bool:
+        """Whether this backend loads variants built for ``target``."""
+        return target in self.targets
+
+    def available(self) -> bool:
+        """Whether the backend's library imports on this device (tried once)."""
+        if self._imported is None and not self._import_failed:
+            try:
+                self._imported = importlib.import_module(self._module)
+            except ImportError as exc:
+                _log.info("backend %s unavailable: %s", self.name, exc)
+                self._import_failed = True
+        return self._imported is not None
+
+    def _library(self) -> ModuleType:
+        if not self.available() or self._imported is None:
+            raise RuntimeBackendError(f"backend {self.name} is not installed on this device")
+        return self._imported
+
+    def load(self, path: Path, target: str, *, name: str | None = None) -> LoadedModel:
+        """Load a model file built for ``target``.
+
+        Args:
+            path: The model file.
+            target: The variant's target; must be one this backend serves.
+            name: The model's name for messages; defaults to the file stem.
+
+        Returns:
+            The loaded model.
+
+        Raises:
+            RuntimeBackendError: The backend is missing, does not serve the target,
+                or could not load the file.
+        """
+        if not self.serves(target):
+            raise RuntimeBackendError(f"backend {self.name} does not serve target {target!r}")
+        library = self._library()
+        model_name = name or path.stem
+        try:
+            return self._load(library, path, target, model_name)
+        except RuntimeBackendError:
+            raise
+        except Exception as exc:
+            raise RuntimeBackendError(
+                f"{self.name} could not load {path.name} for {target}: {exc}"
+            ) from exc
+
+    @abstractmethod
+    def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
+        """Load with the imported library; any exception is translated by :meth:`load`."""
+
+
+class OnnxRuntimeBackend(Backend):
+    """ONNX Runtime, with the execution provider the target asks for."""
+
+    name = "onnxruntime"
+    targets = frozenset({"onnx-cpu", "onnx-cuda", "onnx-tensorrt", "onnx-cann"})
+    _module = "onnxruntime"
+
+    def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
+        providers = _usable_providers(providers_for(target), library.get_available_providers())
+        options = library.SessionOptions()
+        options.log_severity_level = 3  # errors only: ORT's warnings would flood the skill log
+        session = library.InferenceSession(str(path), sess_options=options, providers=providers)
+        running = session.get_providers()[0]
+        if running != providers[0]:
+            _log.warning("%s: ONNX Runtime fell back from %s to %s", name, providers[0], running)
+        output_names = [out.name for out in session.get_outputs()]
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            outputs = session.run(output_names, feeds)
+            return dict(zip(output_names, outputs, strict=True))
+
+        return LoadedModel(
+            name=name,
+            target=target,
+            backend=self.name,
+            provider=running,
+            input_names=[inp.name for inp in session.get_inputs()],
+            output_names=output_names,
+            runner=run,
+        )
+
+
+def _usable_providers(wanted: Sequence[str], present: Sequence[str]) -> list[str]:
+    """The wanted providers this build has, CPU last; a note when the first is missing."""
+    usable = [p for p in wanted if p in present and p != _CPU_PROVIDER]
+    if wanted and wanted[0] != _CPU_PROVIDER and wanted[0] not in present:
+        _log.warning(
+            "execution provider %s is not in this ONNX Runtime build (has %s); using %s",
+            wanted[0],
+            ", ".join(present),
+            usable[0] if usable else _CPU_PROVIDER,
+        )
+    return [*usable, _CPU_PROVIDER]
+
+
+class OpenVinoBackend(Backend):
+    """OpenVINO on the CPU, in f32 (this CPU's bf16 default changes results)."""
+
+    name = "openvino"
+    targets = frozenset({"openvino"})
+    _module = "openvino"
+    device = "CPU"
+
+    def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
+        compiled = library.Core().compile_model(
+            str(path), self.device, {"INFERENCE_PRECISION_HINT": "f32"}
+        )
+        request = compiled.create_infer_request()
+        outputs = list(compiled.outputs)
+        output_names = [port.get_any_name() for port in outputs]
+        lock = threading.Lock()
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with lock:  # one infer request, reused; it is not thread-safe
+                results = request.infer(feeds)
+                # copies: the request reuses its output buffers on the next call
+                return {
+                    key: np.array(results[port])
+                    for key, port in zip(output_names, outputs, strict=True)
+                }
+
+        return LoadedModel(
+            name=name,
+            target=target,
+            backend=self.name,
+            provider=self.device,
+            input_names=[port.get_any_name() for port in compiled.inputs],
+            output_names=output_names,
+            runner=run,
+        )
+
+
+class LiteRtBackend(Backend):
+    """LiteRT (the TFLite interpreter from ``ai-edge-litert``)."""
+
+    name = "litert"
+    targets = frozenset({"tflite"})
+    _module = "ai_edge_litert.interpreter"
+
+    def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
+        interpreter = library.Interpreter(model_path=str(path))
+        interpreter.allocate_tensors()
+        inputs = {d["name"]: int(d["index"]) for d in interpreter.get_input_details()}
+        shapes = {d["name"]: tuple(d["shape"]) for d in interpreter.get_input_details()}
+        outputs = [(d["name"], d["index"]) for d in interpreter.get_output_details()]
+        lock = threading.Lock()
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with lock:  # the interpreter holds per-call state
+                _set_litert_inputs(interpreter, inputs, shapes, feeds)
+                interpreter.invoke()
+                return {key: np.array(interpreter.get_tensor(index)) for key, index in outputs}
+
+        return LoadedModel(
+            name=name,
+            target=target,
+            backend=self.name,
+            provider="cpu",
+            input_names=list(inputs),
+            output_names=[key for key, _ in outputs],
+            runner=run,
+        )
+
+
+def _set_litert_inputs(
+    interpreter: Any,
+    indices: Mapping[str, int],
+    shapes: dict[str, tuple[int, ...]],
+    feeds: Mapping[str, np.ndarray],
+) -> None:
+    """Resize inputs whose shape changed (a new batch size), then copy the feeds in."""
+    resized = False
+    for key, array in feeds.items():
+        if shapes[key] != array.shape:
+            interpreter.resize_tensor_input(indices[key], list(array.shape))
+            shapes[key] = array.shape
+            resized = True
+    if resized:
+        interpreter.allocate_tensors()
+    for key, array in feeds.items():
+        interpreter.set_tensor(indices[key], array)
+
+
+def default_backends() -> list[Backend]:
+    """Fresh instances of every backend this agent knows, in no order of preference."""
+    return [OnnxRuntimeBackend(), OpenVinoBackend(), LiteRtBackend()]

@@ -1,0 +1,65 @@
+"""Picking the model variant a device should run: a pure function of its inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from edge_agent.errors import RuntimeBackendError
+from edge_agent.runtime.backends import Backend
+
+__all__ = ["VariantLike", "backend_for", "select_variant"]
+
+
+class VariantLike(Protocol):
+    """The part of :class:`skills.manifest.ModelVariant` that selection reads."""
+
+    @property
+    def target(self) -> str:
+        """The target the variant was built for."""
+        ...
+
+
+V = TypeVar("V", bound=VariantLike)
+
+
+def backend_for(target: str, backends: Sequence[Backend]) -> Backend | None:
+    """The first backend that serves ``target`` and is installed, or ``None``."""
+    for backend in backends:
+        if backend.serves(target) and backend.available():
+            return backend
+    return None
+
+
+def select_variant(
+    manifest_variants: Sequence[V],
+    profile_targets: Sequence[str],
+    backends: Sequence[Backend],
+) -> V:
+    """Pick the variant for the first target, in the device's order, that can run here.
+
+    Among several variants for the same target (fp32 and int8, say), the one
+    listed first in the manifest wins: the bundle author orders by preference.
+
+    Args:
+        manifest_variants: The variants of one model, as the bundle lists them.
+        profile_targets: The device's targets, best first.
+        backends: The backends the agent knows.
+
+    Returns:
+        The chosen variant.
+
+    Raises:
+        RuntimeBackendError: No variant's target is both in the device's list and
+            served by an installed backend; the message lists both sides.
+    """
+    for target in profile_targets:
+        for variant in manifest_variants:
+            if variant.target == target and backend_for(target, backends) is not None:
+                return variant
+    bundle_has = sorted({v.target for v in manifest_variants})
+    runnable = [t for t in profile_targets if backend_for(t, backends) is not None]
+    raise RuntimeBackendError(
+        f"no model variant fits this device: the bundle has {bundle_has or 'no variants'}, "
+        f"the device can run {runnable or 'nothing'} (profile targets {list(profile_targets)})"
+    )

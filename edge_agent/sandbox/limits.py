@@ -1,0 +1,129 @@
+"""Resource limits of a skill's control process, and how they cross into it.
+
+The parent computes :class:`SandboxLimits` from the manifest and passes them
+in ``EDGESKILL_*`` variables; the worker applies them to itself first thing,
+before any skill code is imported. (Setting them in the parent between fork
+and exec would need ``preexec_fn``, which is unsafe in a threaded agent.)
+Soft and hard limits are set equal so skill code cannot raise them again.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MIN_ADDRESS_SPACE_MB",
+    "MIN_OPEN_FILES",
+    "SandboxLimits",
+]
+
+#: ONNX Runtime and OpenVINO reserve a few hundred MiB of address space
+#: (thread stacks, malloc arenas) before a model runs; measured ~360 MiB for ORT
+#: and ~700 MiB for OpenVINO on 2 cores, and it grows with the core count.
+MIN_ADDRESS_SPACE_MB = 2048
+#: Python, numpy and a backend open a few dozen files at start.
+MIN_OPEN_FILES = 64
+#: Largest file the process may write, its log included.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+#: Seconds between the soft CPU limit (SIGXCPU) and the hard one (SIGKILL).
+_CPU_GRACE_S = 2
+
+_ENV_MEMORY = "EDGESKILL_MEMORY_MB"
+_ENV_CPU = "EDGESKILL_CPU_SECONDS"
+_ENV_FILES = "EDGESKILL_MAX_OPEN_FILES"
+
+
+class ResourcesLike(Protocol):
+    """The part of :class:`skills.manifest.Resources` read here."""
+
+    @property
+    def memory_mb(self) -> int:
+        """Memory the skill asks for, MiB."""
+        ...
+
+    @property
+    def cpu_seconds(self) -> int | float:
+        """CPU time the process may use in all, seconds; 0 for no limit."""
+        ...
+
+    @property
+    def max_open_files(self) -> int:
+        """Open file descriptors the process may hold."""
+        ...
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits applied to one control process.
+
+    Attributes:
+        memory_mb: Address-space limit, MiB (already raised to the floor).
+        cpu_seconds: CPU-time limit in seconds; 0 for none.
+        max_open_files: File-descriptor limit.
+    """
+
+    memory_mb: int
+    cpu_seconds: int
+    max_open_files: int
+
+    @classmethod
+    def from_resources(cls, resources: ResourcesLike) -> SandboxLimits:
+        """Limits for a manifest's resources, with the floors applied."""
+        cpu = int(resources.cpu_seconds)
+        if cpu < resources.cpu_seconds:  # round a fractional limit up, never to 0
+            cpu += 1
+        return cls(
+            memory_mb=max(int(resources.memory_mb), MIN_ADDRESS_SPACE_MB),
+            cpu_seconds=max(cpu, 0),
+            max_open_files=max(int(resources.max_open_files), MIN_OPEN_FILES),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that carry these limits into the worker."""
+        return {
+            _ENV_MEMORY: str(self.memory_mb),
+            _ENV_CPU: str(self.cpu_seconds),
+            _ENV_FILES: str(self.max_open_files),
+        }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SandboxLimits:
+        """Read the limits back in the worker.
+
+        Raises:
+            ValueError: A variable is missing or not a non-negative integer.
+        """
+        values = []
+        for key in (_ENV_MEMORY, _ENV_CPU, _ENV_FILES):
+            raw = env.get(key, "")
+            if not raw.isdigit():
+                raise ValueError(f"{key}={raw!r} is not a non-negative integer")
+            values.append(int(raw))
+        return cls(memory_mb=values[0], cpu_seconds=values[1], max_open_files=values[2])
+
+    def apply(self) -> None:
+        """Set the limits on the calling process (the worker does this at start).
+
+        Raises:
+            OSError: The kernel refused a limit.
+            ValueError: A limit is out of the kernel's range.
+        """
+        _set_limit(resource.RLIMIT_AS, self.memory_mb * 1024 * 1024)
+        if self.cpu_seconds > 0:
+            _set_limit(resource.RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + _CPU_GRACE_S)
+        _set_limit(resource.RLIMIT_NOFILE, self.max_open_files)
+        _set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
+        _set_limit(resource.RLIMIT_CORE, 0)
+
+
+def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
+    """Lower a limit; never above the current hard limit, which only root may raise."""
+    _, current_hard = resource.getrlimit(which)
+    hard = soft if hard is None else hard
+    if current_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current_hard), min(hard, current_hard)
+    resource.setrlimit(which, (soft, hard))

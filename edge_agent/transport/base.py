@@ -1,0 +1,135 @@
+"""The transport interface the agent talks to its hub through.
+
+Implementations (gRPC, MQTT) write the few abstract methods; this base turns
+bulk fetches into one capped, deadline-bounded, resumable download, the way
+python-tuf's ``FetcherInterface`` wraps ``_fetch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from edge_agent.errors import TransportError
+from protos import pb
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds on one bulk fetch, so a slow or endless sender cannot stall the agent."""
+
+    deadline_s: float = 300.0
+    min_rate_bytes_per_s: float = 16 * 1024
+    grace_s: float = 10.0  # the minimum rate applies only after this long
+    max_resumes: int = 5
+    chunk_timeout_s: float = 30.0
+
+
+class FetchAborted(TransportError):
+    """A fetch broke a cap (size, rate); resuming would not help."""
+
+
+class AgentTransport(ABC):
+    """One agent's connection to its hub. Use as an async context manager."""
+
+    #: Set by implementations from the hub URL, for logs.
+    url: str = ""
+
+    @abstractmethod
+    async def connect(self, register: pb.Envelope) -> None:
+        """Open the connection and send the ``register`` envelope first.
+
+        Raises:
+            TransportError: the hub cannot be reached.
+        """
+
+    @abstractmethod
+    async def send(self, env: pb.Envelope) -> None:
+        """Send one envelope to the hub.
+
+        Raises:
+            TransportError: the connection is gone.
+        """
+
+    @abstractmethod
+    async def receive(self) -> pb.Envelope:
+        """Wait for the next envelope from the hub.
+
+        Raises:
+            TransportError: the connection is gone.
+        """
+
+    @abstractmethod
+    def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
+        """Stream a hub file from ``offset``.
+
+        Raises:
+            FileNotFoundError: the hub has no such file.
+            TransportError: the connection failed or the hub refused.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the connection; safe to call twice."""
+
+    async def __aenter__(self) -> AgentTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def fetch(self, path: str, max_bytes: int, limits: FetchLimits | None = None) -> bytes:
+        """Download a whole hub file, resuming after interruptions.
+
+        Raises:
+            FileNotFoundError: the hub has no such file.
+            TransportError: over ``max_bytes``, past the deadline, below the
+                minimum rate, or failed more than ``max_resumes`` times.
+        """
+        limits = limits or FetchLimits()
+        buf = bytearray()
+        started = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                async with asyncio.timeout(
+                    max(0.0, limits.deadline_s - (time.monotonic() - started))
+                ):
+                    await self._fetch_into(buf, path, max_bytes, started, limits)
+                return bytes(buf)
+            except TimeoutError as exc:
+                raise TransportError(
+                    f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline"
+                ) from exc
+            except FetchAborted:
+                raise
+            except TransportError:
+                failures += 1
+                if failures > limits.max_resumes:
+                    raise
+                await asyncio.sleep(min(2.0, 0.2 * failures))
+
+    async def _fetch_into(
+        self, buf: bytearray, path: str, max_bytes: int, started: float, limits: FetchLimits
+    ) -> None:
+        stream = self._fetch(path, len(buf), max_bytes)
+        while True:
+            try:
+                chunk = await asyncio.wait_for(anext(stream), limits.chunk_timeout_s)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise TransportError(
+                    f"no data for {path} in {limits.chunk_timeout_s:.0f} s"
+                ) from exc
+            buf += chunk
+            if len(buf) > max_bytes:
+                raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
+            elapsed = time.monotonic() - started
+            if elapsed > limits.grace_s and len(buf) / elapsed < limits.min_rate_bytes_per_s:
+                raise FetchAborted(
+                    f"{path} arrives slower than {limits.min_rate_bytes_per_s:.0f} B/s"
+                )

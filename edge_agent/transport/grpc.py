@@ -1,0 +1,143 @@
+"""The agent's gRPC transport: one bidirectional ``Connect`` stream plus ``Fetch`` calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+
+from edge_agent.errors import TransportError
+from edge_agent.transport.base import AgentTransport
+from protos import MAX_ENVELOPE_BYTES, pb
+from protos import edgeskill_pb2_grpc as pb_grpc
+from protos.envelope import validate_envelope
+from protos.errors import ProtocolError
+
+_CHUNK_CAP = 4 * 1024 * 1024
+_CLOSE = object()
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Message caps and keepalive settings shared by every agent channel."""
+    return [
+        ("grpc.max_receive_message_length", max(MAX_ENVELOPE_BYTES, _CHUNK_CAP) + 1024),
+        ("grpc.max_send_message_length", MAX_ENVELOPE_BYTES + 1024),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+class GrpcAgentTransport(AgentTransport):
+    """Talks to ``grpc://host:port``; TLS when credentials are given."""
+
+    def __init__(
+        self,
+        target: str,
+        device_id: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.url = f"grpc://{target}"
+        self._target = target
+        self._device_id = device_id
+        self._credentials = credentials
+        self._connect_timeout_s = connect_timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)
+
+    async def connect(self, register: pb.Envelope) -> None:
+        """Open the channel and the control stream, sending ``register`` first.
+
+        Raises:
+            TransportError: the hub did not answer within the connect timeout.
+        """
+        opts = channel_options()
+        if self._credentials is None:
+            self._channel = grpc.aio.insecure_channel(self._target, options=opts)
+        else:
+            self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=opts)
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), self._connect_timeout_s)
+        except TimeoutError as exc:
+            await self.close()
+            raise TransportError(
+                f"hub at {self.url} did not answer in {self._connect_timeout_s} s"
+            ) from exc
+        stub = pb_grpc.HubStub(self._channel)
+        self._outgoing.put_nowait(register)
+        self._call = stub.Connect(self._requests())
+
+    async def _requests(self) -> AsyncIterator[pb.Envelope]:
+        while True:
+            item = await self._outgoing.get()
+            if item is _CLOSE:
+                return
+            assert isinstance(item, pb.Envelope)
+            yield item
+
+    async def send(self, env: pb.Envelope) -> None:
+        """Queue one envelope on the control stream.
+
+        Raises:
+            TransportError: not connected, or the stream has ended.
+        """
+        if self._call is None or self._call.done():
+            raise TransportError("not connected to the hub")
+        await self._outgoing.put(env)
+
+    async def receive(self) -> pb.Envelope:
+        """Next envelope from the hub.
+
+        Raises:
+            TransportError: the stream ended or failed, or the hub sent garbage.
+        """
+        if self._call is None:
+            raise TransportError("not connected to the hub")
+        try:
+            env = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise TransportError(
+                f"control stream failed: {exc.code().name} {exc.details()}"
+            ) from exc
+        if env is grpc.aio.EOF:
+            raise TransportError("the hub closed the control stream")
+        try:
+            validate_envelope(env)
+        except ProtocolError as exc:
+            raise TransportError(f"bad message from the hub: {exc}") from exc
+        return env
+
+    async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
+        if self._channel is None:
+            raise TransportError("not connected to the hub")
+        stub = pb_grpc.HubStub(self._channel)
+        req = pb.FetchRequest(
+            device_id=self._device_id, path=path, offset=offset, max_bytes=max_bytes
+        )
+        call = stub.Fetch(req)
+        try:
+            async for chunk in call:
+                yield chunk.data
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise FileNotFoundError(path) from exc
+            raise TransportError(
+                f"fetch of {path} failed: {exc.code().name} {exc.details()}"
+            ) from exc
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        """End the control stream and close the channel."""
+        if self._call is not None and not self._call.done():
+            self._outgoing.put_nowait(_CLOSE)
+            self._call.cancel()
+        self._call = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

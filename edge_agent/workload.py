@@ -1,0 +1,101 @@
+"""Feeding inputs to running skills and counting what comes out.
+
+A source is where a device's inputs come from: a camera or a microphone in
+the field; here a replay file of samples (and labels, where they are known).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.errors import AgentError
+from protos import pb
+from protos.envelope import now_ms
+
+MAX_SOURCE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class ReplaySource:
+    """Samples (``x``) and optional labels (``y``) from an ``.npz`` file."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+
+    @classmethod
+    def load(cls, path: Path) -> ReplaySource:
+        """Read a replay file.
+
+        Raises:
+            AgentError: missing, too large, or without an ``x`` array.
+        """
+        try:
+            if path.stat().st_size > MAX_SOURCE_BYTES:
+                raise AgentError(f"source {path} is larger than {MAX_SOURCE_BYTES} bytes")
+            with np.load(path, allow_pickle=False) as data:
+                x = np.asarray(data["x"])
+                y = np.asarray(data["y"]) if "y" in data.files else None
+        except (OSError, KeyError, ValueError) as exc:
+            raise AgentError(f"cannot read source {path}: {exc}") from exc
+        if y is not None and len(y) != len(x):
+            raise AgentError(f"source {path}: {len(x)} samples but {len(y)} labels")
+        return cls(x=x, y=y)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def item(self, i: int) -> tuple[dict[str, Any], int | None]:
+        """The ``i``-th input item and its label, if known."""
+        label = None if self.y is None else int(self.y[i])
+        return {"image": self.x[i], "scaled": True}, label
+
+
+@dataclass
+class WindowStats:
+    """Inference counters of one skill version over one telemetry window."""
+
+    skill: str
+    version: str
+    started_ms: int = field(default_factory=now_ms)
+    inferences: int = 0
+    labelled: int = 0
+    correct: int = 0
+    events: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def record(self, result: Any, latency_ms: float, label: int | None) -> None:
+        """Count one inference."""
+        self.inferences += 1
+        self.latencies_ms.append(latency_ms)
+        if label is not None and isinstance(result, dict) and "label" in result:
+            self.labelled += 1
+            self.correct += int(int(result["label"]) == label)
+
+    def to_message(self, dropped: int = 0) -> pb.Telemetry:
+        """The window as a wire message."""
+        lat = np.asarray(self.latencies_ms or [0.0])
+        return pb.Telemetry(
+            skill=self.skill,
+            version=self.version,
+            inferences=self.inferences,
+            labelled=self.labelled,
+            correct=self.correct,
+            latency_p50_ms=float(np.percentile(lat, 50)),
+            latency_p99_ms=float(np.percentile(lat, 99)),
+            window_start_ms=self.started_ms,
+            window_end_ms=now_ms(),
+            dropped_messages=dropped,
+            metrics={"events": float(self.events)},
+        )
+
+
+def pace(started: float, count: int, rate_hz: float) -> float:
+    """Seconds to sleep so that ``count`` items since ``started`` keep to ``rate_hz``."""
+    if rate_hz <= 0:
+        return 0.0
+    return max(0.0, started + count / rate_hz - time.monotonic())

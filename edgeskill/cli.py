@@ -1,0 +1,372 @@
+"""The ``edgeskill`` command.
+
+Hub and model commands import the hub lazily, so ``edgeskill agent run``
+works on a device where only the ``edge`` extra is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+app = typer.Typer(
+    help="EdgeSkill: train, sign and roll out AI skills to edge device fleets.",
+    no_args_is_help=True,
+)
+hub_app = typer.Typer(help="Run and set up the cloud hub.", no_args_is_help=True)
+agent_app = typer.Typer(help="Run the edge agent on a device.", no_args_is_help=True)
+skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_is_help=True)
+deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
+groups_app = typer.Typer(help="Named label selectors over devices.", no_args_is_help=True)
+devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=True)
+model_app = typer.Typer(help="Train and convert models.", no_args_is_help=True)
+for sub, name in [
+    (hub_app, "hub"),
+    (agent_app, "agent"),
+    (skill_app, "skill"),
+    (deploy_app, "deploy"),
+    (groups_app, "groups"),
+    (devices_app, "devices"),
+    (model_app, "model"),
+]:
+    app.add_typer(sub, name=name)
+
+HomeOpt = Annotated[
+    Path,
+    typer.Option(
+        "--home", envvar="EDGESKILL_HOME", help="The hub's home folder (config, keys, store)."
+    ),
+]
+DEFAULT_HOME = Path(".edgeskill/hub")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _run_until_signal(main: object) -> None:
+    """Run an ``async def main(stop)`` until SIGINT or SIGTERM."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)  # type: ignore[operator]
+
+    asyncio.run(runner())
+
+
+def _open_hub(home: Path):  # type: ignore[no-untyped-def]
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.hub import Hub  # noqa: PLC0415
+
+    try:
+        return Hub.open(home)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        raise typer.Exit(2) from exc
+
+
+# -- hub ---------------------------------------------------------------------
+
+
+@hub_app.command("init")
+def hub_init(
+    home: HomeOpt = DEFAULT_HOME,
+    store_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL; default SQLite in the home.")
+    ] = None,
+    grpc_bind: Annotated[
+        str, typer.Option(help="Address the gRPC server listens on.")
+    ] = "127.0.0.1:7443",
+) -> None:
+    """Create a hub home: signing keys (mode 0600), TUF metadata and the registry store."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.hub import Hub  # noqa: PLC0415
+
+    try:
+        hub = Hub.init(home, store_url, grpc_bind)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    hub.close()
+    console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
+
+
+@hub_app.command("serve")
+def hub_serve(
+    home: HomeOpt = DEFAULT_HOME,
+    grpc_bind: Annotated[
+        str | None, typer.Option(help="Override the configured gRPC address.")
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """Serve devices over gRPC until interrupted."""
+    _setup_logging(verbose)
+    hub = _open_hub(home)
+    try:
+        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind))
+    finally:
+        hub.close()
+
+
+# -- agent -------------------------------------------------------------------
+
+
+@agent_app.command("run")
+def agent_run(
+    hub: Annotated[str, typer.Option(help="grpc://HOST:PORT or mqtt://HOST:PORT")],
+    device_id: Annotated[str, typer.Option(help="This device's id, unique in the fleet.")],
+    label: Annotated[list[str] | None, typer.Option(help="A label k=v; repeat for more.")] = None,
+    state_dir: Annotated[Path, typer.Option(help="Folder for the agent's state.")] = Path(
+        ".edgeskill/agent"
+    ),
+    trusted_root: Annotated[Path | None, typer.Option(help="The hub's TUF root.json.")] = None,
+    board: Annotated[
+        str | None, typer.Option(help="Board from the profile table instead of detection.")
+    ] = None,
+    source: Annotated[
+        Path | None, typer.Option(help="Replay file (.npz with x, y) to feed skills.")
+    ] = None,
+    telemetry_window: Annotated[float, typer.Option(help="Seconds per telemetry window.")] = 2.0,
+    verbose: bool = False,
+) -> None:
+    """Connect this device to a hub and keep its skills in the desired state."""
+    from edge_agent.agent import Agent  # noqa: PLC0415
+    from edge_agent.config import AgentConfig  # noqa: PLC0415
+
+    _setup_logging(verbose)
+    labels = dict(item.split("=", 1) for item in (label or []) if "=" in item)
+    if len(labels) != len(label or []):
+        console.print("[red]error:[/] labels are k=v")
+        raise typer.Exit(2)
+    config = AgentConfig(
+        hub_url=hub,
+        device_id=device_id,
+        state_dir=state_dir,
+        labels=labels,
+        board=board,
+        trusted_root=trusted_root,
+        source=source,
+        telemetry_window_s=telemetry_window,
+    )
+    _run_until_signal(Agent(config).run)
+
+
+# -- skills ------------------------------------------------------------------
+
+
+@skill_app.command("build")
+def skill_build(
+    src: Annotated[
+        Path, typer.Argument(help="Skill source folder with skill.toml, control/, models/.")
+    ],
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("dist"),
+) -> None:
+    """Build a deterministic .skill bundle from a source folder."""
+    from skills.bundle import build_bundle  # noqa: PLC0415
+
+    from skills.errors import SkillError  # noqa: PLC0415
+
+    try:
+        path = build_bundle(src, out)
+    except SkillError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"built {path}")
+
+
+@skill_app.command("push")
+def skill_push(bundle: Path, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Sign a bundle into the hub's TUF repository and register the version."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from skills.errors import SkillError  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        rec = hub.push(bundle)
+    except (HubError, SkillError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+    console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
+
+
+@skill_app.command("ls")
+def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
+    """List published skill versions."""
+    hub = _open_hub(home)
+    table = Table("skill", "version", "size", "sha256", "target")
+    for rec in hub.store.list_skill_versions():
+        table.add_row(rec.name, rec.version, str(rec.size), rec.sha256[:12], rec.target_name)
+    hub.close()
+    console.print(table)
+
+
+# -- groups, devices, deployments -------------------------------------------
+
+
+@groups_app.command("create")
+def groups_create(name: str, selector: str, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3."""
+    from cloud.errors import HubError  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        hub.store.create_group(name, selector)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+    console.print(f"group {name} = {selector or '(all devices)'}")
+
+
+@groups_app.command("ls")
+def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
+    """List groups and how many devices each selects."""
+    from cloud.selectors import parse_selector  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    table = Table("group", "selector", "devices")
+    for g in hub.store.list_groups():
+        table.add_row(
+            g.name, g.selector, str(len(hub.store.list_devices(parse_selector(g.selector))))
+        )
+    hub.close()
+    console.print(table)
+
+
+@devices_app.command("ls")
+def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
+    """List devices with their labels, state and skills."""
+    hub = _open_hub(home)
+    table = Table("device", "labels", "online", "board", "desired gen", "skills")
+    for d in hub.store.list_devices():
+        rep = hub.store.reported_for(d.device_id)
+        skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in rep.skills) if rep else ""
+        labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
+        gen = str(hub.store.desired_for(d.device_id).generation)
+        table.add_row(
+            d.device_id,
+            labels,
+            "yes" if d.online else "no",
+            str(d.profile.get("board", "")),
+            gen,
+            skills,
+        )
+    hub.close()
+    console.print(table)
+
+
+@deploy_app.command("create")
+def deploy_create(
+    skill: str,
+    version: str,
+    group: Annotated[str, typer.Option(help="Target group.")],
+    config: Annotated[
+        list[str] | None, typer.Option(help="Skill config k=v; repeat for more.")
+    ] = None,
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Deploy SKILL VERSION to every device of a group (all at once)."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from protos.envelope import now_ms  # noqa: PLC0415
+
+    cfg = dict(item.split("=", 1) for item in (config or []) if "=" in item)
+    hub = _open_hub(home)
+    try:
+        dep = hub.store.create_deployment(skill, version, group, config=cfg, now_ms=now_ms())
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+    console.print(f"deployment {dep.id}: {skill} {version} -> {group}")
+
+
+@deploy_app.command("status")
+def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
+    """List deployments and their state."""
+    hub = _open_hub(home)
+    table = Table("id", "skill", "version", "group", "strategy", "state")
+    for d in hub.store.list_deployments():
+        table.add_row(str(d.id), d.skill, d.version, d.group, d.strategy, d.state)
+    hub.close()
+    console.print(table)
+
+
+@deploy_app.command("abort")
+def deploy_abort(deployment_id: int, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Abort a deployment; its devices fall back to the previous deployment's version."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from protos.envelope import now_ms  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        dep = hub.store.abort_deployment(deployment_id, now_ms=now_ms())
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+    console.print(f"deployment {dep.id} {dep.state}")
+
+
+# -- models and the demo --------------------------------------------------------
+
+
+@model_app.command("train")
+def model_train(
+    out: Annotated[Path, typer.Option(help="Where to write model.onnx.")] = Path(
+        "dist/digits.onnx"
+    ),
+    epochs: int = 8,
+    seed: int = 0,
+) -> None:
+    """Train the digits CNN on scikit-learn's digits; export to ONNX, checked against torch."""
+    from cloud.factory import train_digits_onnx  # noqa: PLC0415
+
+    result = train_digits_onnx(out, epochs=epochs, seed=seed, console=console)
+    console.print(
+        f"wrote {out}: test accuracy {result.accuracy:.3f}, "
+        f"onnx vs torch max diff {result.max_diff:.2e}"
+    )
+
+
+@app.command("demo")
+def demo(
+    keep: Annotated[bool, typer.Option(help="Leave the hub and agents running.")] = False,
+    transport: Annotated[str, typer.Option(help="grpc or mqtt")] = "grpc",
+    workdir: Annotated[
+        Path | None, typer.Option(help="Folder for demo state; default a fresh temp dir.")
+    ] = None,
+) -> None:
+    """Hub + three agents end to end: train, sign, deploy to cameras, classify, report."""
+    from edgeskill.demo import run_demo  # noqa: PLC0415
+
+    raise typer.Exit(run_demo(console, keep=keep, transport=transport, workdir=workdir))
+
+
+def main() -> None:
+    """Entry point of the ``edgeskill`` command."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""File-system helpers for the repository: atomic writes, a cross-process lock, staging."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from skills.errors import TrustError
+
+_CHUNK = 1024 * 1024
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never half.
+
+    Args:
+        path: The file to replace.
+        data: Its new content.
+        mode: Permission bits of the new file.
+
+    Raises:
+        OSError: The folder cannot be written.
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        Path(name).replace(path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created if absent).
+
+    flock locks belong to the open file description, so this excludes other
+    processes and other threads of this one alike.
+
+    Raises:
+        OSError: The lock file cannot be opened.
+    """
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def stage_copy(source: Path, folder: Path, max_bytes: int) -> tuple[Path, str, int]:
+    """Copy ``source`` into a temporary file in ``folder`` while hashing the copy.
+
+    Hashing the copy rather than the source means a source changing under us
+    cannot make a signed hash disagree with the bytes that are served.
+
+    Args:
+        source: The file to copy.
+        folder: Where the temporary copy goes (same file system as its final place).
+        max_bytes: The largest acceptable source.
+
+    Returns:
+        The temporary copy (the caller moves or deletes it), its SHA-256 and length.
+
+    Raises:
+        TrustError: ``source`` is larger than ``max_bytes``.
+        OSError: ``source`` cannot be read or ``folder`` written.
+    """
+    digest = hashlib.sha256()
+    length = 0
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".stage-")
+    staged = Path(name)
+    try:
+        with source.open("rb") as src, os.fdopen(fd, "wb") as dst:
+            while chunk := src.read(_CHUNK):
+                length += len(chunk)
+                if length > max_bytes:
+                    raise TrustError(f"{source} is larger than {max_bytes} bytes")
+                digest.update(chunk)
+                dst.write(chunk)
+            dst.flush()
+            os.fchmod(dst.fileno(), 0o644)
+            os.fsync(dst.fileno())
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return staged, digest.hexdigest(), length

@@ -1,0 +1,393 @@
+"""The hub's TUF repository: one folder of keys, signed metadata and targets.
+
+Only the python-tuf metadata API is used here; serving the files is the hub's
+job (:meth:`TrustRepository.open_file` / :meth:`TrustRepository.read`).
+
+Layout of ``root_dir``::
+
+    keys/{root,targets,snapshot,timestamp}.pem   ed25519, PKCS8 PEM, 0600 (folder 0700)
+    metadata/1.root.json root.json <v>.targets.json targets.json
+             <v>.snapshot.json snapshot.json timestamp.json
+    targets/<dirs>/<sha256>.<basename>           consistent-snapshot target files
+    expiry.json                                  metadata lifetimes in days
+    .lock                                        serialises writers across processes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from securesystemslib.signer import CryptoSigner
+from tuf.api.exceptions import RepositoryError
+from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
+
+from skills.errors import TrustError
+from skills.trust._files import atomic_write, exclusive_lock, stage_copy
+from skills.trust._names import check_target_name, is_safe_relpath, served_path
+
+__all__ = ["DEFAULT_EXPIRY_DAYS", "MAX_TARGET_BYTES", "TargetRef", "TrustRepository"]
+
+_ROLES = ("root", "targets", "snapshot", "timestamp")
+DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 7, "timestamp": 1}
+MAX_TARGET_BYTES = 512 * 1024 * 1024
+_MAX_EXPIRY_DAYS = 3650
+_MAX_METADATA_BYTES = 16 * 1024 * 1024
+_MAX_SERVED_PATH = 400
+
+
+@dataclass(frozen=True)
+class TargetRef:
+    """One signed target as the repository serves it.
+
+    Attributes:
+        name: The TUF target name, such as ``digits/digits-1.0.0.skill``.
+        length: Size in bytes.
+        sha256: Hex SHA-256 of the content.
+        path: Where the hub serves it, such as ``targets/digits/<sha256>.digits-1.0.0.skill``.
+    """
+
+    name: str
+    length: int
+    sha256: str
+    path: str
+
+
+class TrustRepository:
+    """A TUF repository in one folder, safe to share between hub processes.
+
+    Create one with :meth:`init` or :meth:`open`; every method re-reads the
+    metadata from disk, so several processes can use the same folder.
+    """
+
+    def __init__(self, root_dir: Path, expiry_days: dict[str, int]) -> None:
+        """Bind to ``root_dir``; use :meth:`init` or :meth:`open` instead.
+
+        Args:
+            root_dir: The repository folder.
+            expiry_days: Metadata lifetime in days per role.
+        """
+        self._dir = Path(root_dir)
+        self._meta = self._dir / "metadata"
+        self._keys = self._dir / "keys"
+        self._expiry = dict(expiry_days)
+
+    @classmethod
+    def init(cls, root_dir: Path, *, expiry_days: dict[str, int] | None = None) -> TrustRepository:
+        """Create keys and version-1 metadata for a new repository.
+
+        Args:
+            root_dir: The folder to create the repository in (made if absent).
+            expiry_days: Lifetimes in days overriding :data:`DEFAULT_EXPIRY_DAYS`.
+
+        Returns:
+            The new repository.
+
+        Raises:
+            TrustError: ``root_dir`` already holds a repository, or an expiry is invalid.
+            OSError: The folder cannot be written.
+        """
+        expiry = _check_expiry(expiry_days)
+        Path(root_dir).mkdir(parents=True, exist_ok=True)
+        repo = cls(root_dir, expiry)
+        with exclusive_lock(repo._dir / ".lock"):
+            if (repo._meta / "root.json").exists() or (repo._meta / "1.root.json").exists():
+                raise TrustError(f"{repo._meta} already has a root; refusing to re-initialise")
+            repo._meta.mkdir(exist_ok=True)
+            (repo._dir / "targets").mkdir(exist_ok=True)
+            signers = repo._create_keys()
+            atomic_write(repo._dir / "expiry.json", json.dumps(expiry).encode())
+            repo._write_initial_metadata(signers)
+        return repo
+
+    @classmethod
+    def open(cls, root_dir: Path) -> TrustRepository:
+        """Open an existing repository.
+
+        Args:
+            root_dir: The folder :meth:`init` created.
+
+        Returns:
+            The repository.
+
+        Raises:
+            TrustError: There is no repository there, or its settings are unreadable.
+        """
+        root_dir = Path(root_dir)
+        if not (root_dir / "metadata" / "root.json").is_file():
+            raise TrustError(f"no TUF repository at {root_dir}")
+        try:
+            saved = json.loads((root_dir / "expiry.json").read_text())
+        except FileNotFoundError:
+            saved = {}
+        except (OSError, ValueError) as exc:
+            raise TrustError(f"unreadable {root_dir / 'expiry.json'}: {exc}") from exc
+        return cls(root_dir, _check_expiry(saved if isinstance(saved, dict) else None))
+
+    def add_target(self, name: str, source: Path) -> TargetRef:
+        """Sign ``source`` into the repository as target ``name``.
+
+        Publishes new targets, snapshot and timestamp versions. Targets are
+        immutable: re-adding a name with the same content changes nothing.
+
+        Args:
+            name: The target name (relative, ``[A-Za-z0-9._/-]``, at most 200 characters).
+            source: The file to publish (at most :data:`MAX_TARGET_BYTES`).
+
+        Returns:
+            The published target.
+
+        Raises:
+            TrustError: Bad name, the name exists with other content, the source is
+                too large, or the repository's keys or metadata are unusable.
+            OSError: ``source`` cannot be read or the repository cannot be written.
+        """
+        check_target_name(name)
+        staged, sha256, length = stage_copy(Path(source), self._dir, MAX_TARGET_BYTES)
+        try:
+            with exclusive_lock(self._dir / ".lock"):
+                targets = self._load("targets")
+                ref = TargetRef(name, length, sha256, served_path(name, sha256))
+                known = targets.signed.targets.get(name)
+                if known is not None and (known.length, known.hashes.get("sha256")) != (
+                    length,
+                    sha256,
+                ):
+                    raise TrustError(f"target {name!r} exists with other content; it is immutable")
+                final = self._dir / ref.path
+                final.parent.mkdir(parents=True, exist_ok=True)
+                staged.replace(final)
+                if known is None:
+                    targets.signed.targets[name] = TargetFile(length, {"sha256": sha256}, name)
+                    self._publish(targets, bump_snapshot=True)
+                return ref
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def refresh_timestamp(self) -> None:
+        """Publish a new timestamp; also renew snapshot or targets past half their life.
+
+        Raises:
+            TrustError: The repository's keys or metadata are unusable.
+            OSError: The repository cannot be written.
+        """
+        with exclusive_lock(self._dir / ".lock"):
+            targets = self._load("targets")
+            renew_targets = self._past_half_life(targets.signed)
+            renew_snapshot = self._past_half_life(self._load("snapshot").signed)
+            self._publish(targets if renew_targets else None, bump_snapshot=renew_snapshot)
+
+    def root_json(self) -> bytes:
+        """Return the current trusted root metadata, for bootstrapping agents.
+
+        Raises:
+            TrustError: The root is missing or too large.
+        """
+        try:
+            return self.read("metadata/root.json", _MAX_METADATA_BYTES)
+        except FileNotFoundError as exc:
+            raise TrustError(f"no root metadata in {self._meta}") from exc
+
+    def open_file(self, path: str) -> tuple[int, BinaryIO]:
+        """Open a served file: ``metadata/<file>`` or ``targets/<...>``.
+
+        Args:
+            path: The path relative to the repository, as a client asks for it.
+
+        Returns:
+            The file's size and the file opened for binary reading (caller closes it).
+
+        Raises:
+            TrustError: The path is malformed or points outside the served folders.
+            FileNotFoundError: There is no such file.
+        """
+        full = self._served(path)
+        try:
+            handle = full.open("rb")
+        except IsADirectoryError as exc:
+            raise FileNotFoundError(path) from exc
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            handle.close()
+            raise FileNotFoundError(path)
+        return info.st_size, handle
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        """Read a served file whole.
+
+        Args:
+            path: As for :meth:`open_file`.
+            max_bytes: The most the caller accepts.
+
+        Returns:
+            The file's content.
+
+        Raises:
+            TrustError: Bad path, or the file is larger than ``max_bytes``.
+            FileNotFoundError: There is no such file.
+        """
+        size, handle = self.open_file(path)
+        with handle:
+            # Checked before and after reading: the file may grow in between.
+            data = handle.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:
+            raise TrustError(f"{path} is larger than the cap of {max_bytes} bytes")
+        return data
+
+    def targets(self) -> list[TargetRef]:
+        """List the signed targets, sorted by name.
+
+        Raises:
+            TrustError: The targets metadata is unusable.
+        """
+        listed = self._load("targets").signed.targets
+        return [
+            TargetRef(name, tf.length, tf.hashes["sha256"], served_path(name, tf.hashes["sha256"]))
+            for name, tf in sorted(listed.items())
+        ]
+
+    # --- writing -------------------------------------------------------------------
+
+    def _publish(self, targets: Metadata[Any] | None, *, bump_snapshot: bool) -> None:
+        """Sign and write the chain targets -> snapshot -> timestamp (caller holds the lock).
+
+        Versioned files go first and timestamp.json last, so a reader never
+        sees a timestamp pointing at a snapshot that is not on disk yet.
+        """
+        snapshot = self._load("snapshot")
+        timestamp = self._load("timestamp")
+        if targets is not None:
+            targets_bytes = self._renew(targets)
+            snapshot.signed.meta["targets.json"] = MetaFile.from_data(
+                targets.signed.version, targets_bytes, ["sha256"]
+            )
+            bump_snapshot = True
+        if bump_snapshot:
+            snapshot_bytes = self._renew(snapshot)
+            timestamp.signed.snapshot_meta = MetaFile.from_data(
+                snapshot.signed.version, snapshot_bytes, ["sha256"]
+            )
+        self._renew(timestamp)
+
+    def _renew(self, md: Metadata[Any]) -> bytes:
+        role = md.signed.type
+        md.signed.version += 1
+        md.signed.expires = self._expires(role)
+        return self._sign_and_write(md, self._signer(role))
+
+    def _sign_and_write(self, md: Metadata[Any], signer: CryptoSigner) -> bytes:
+        role = md.signed.type
+        md.sign(signer)
+        data = md.to_bytes()
+        if role != "timestamp":
+            atomic_write(self._meta / f"{md.signed.version}.{role}.json", data)
+        atomic_write(self._meta / f"{role}.json", data)
+        return data
+
+    def _create_keys(self) -> dict[str, CryptoSigner]:
+        self._keys.mkdir(mode=0o700, exist_ok=True)
+        self._keys.chmod(0o700)
+        signers = {}
+        for role in _ROLES:
+            signer = CryptoSigner.generate_ed25519()
+            atomic_write(self._keys / f"{role}.pem", signer.private_bytes, mode=0o600)
+            signers[role] = signer
+        return signers
+
+    def _write_initial_metadata(self, signers: dict[str, CryptoSigner]) -> None:
+        root = Root(expires=self._expires("root"), consistent_snapshot=True)
+        for role, signer in signers.items():
+            root.add_key(signer.public_key, role)
+        targets = self._sign_and_write(
+            Metadata(Targets(expires=self._expires("targets"))), signers["targets"]
+        )
+        snapshot = self._sign_and_write(
+            Metadata(
+                Snapshot(
+                    expires=self._expires("snapshot"),
+                    meta={"targets.json": MetaFile.from_data(1, targets, ["sha256"])},
+                )
+            ),
+            signers["snapshot"],
+        )
+        self._sign_and_write(
+            Metadata(
+                Timestamp(
+                    expires=self._expires("timestamp"),
+                    snapshot_meta=MetaFile.from_data(1, snapshot, ["sha256"]),
+                )
+            ),
+            signers["timestamp"],
+        )
+        # root.json last: its presence is what marks the repository as complete.
+        self._sign_and_write(Metadata(root), signers["root"])
+
+    # --- reading -------------------------------------------------------------------
+
+    def _load(self, role: str) -> Metadata[Any]:
+        path = self._meta / f"{role}.json"
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(_MAX_METADATA_BYTES + 1)
+        except FileNotFoundError as exc:
+            raise TrustError(f"repository has no {path.name}") from exc
+        if len(data) > _MAX_METADATA_BYTES:
+            raise TrustError(f"{path.name} is larger than {_MAX_METADATA_BYTES} bytes")
+        try:
+            md: Metadata[Any] = Metadata.from_bytes(data)
+        except RepositoryError as exc:
+            raise TrustError(f"repository {path.name} is invalid: {exc}") from exc
+        if md.signed.type != role:
+            raise TrustError(f"{path.name} holds {md.signed.type!r} metadata")
+        return md
+
+    def _signer(self, role: str) -> CryptoSigner:
+        path = self._keys / f"{role}.pem"
+        try:
+            private_key = load_pem_private_key(path.read_bytes(), None)
+            signer = CryptoSigner(private_key)
+        except (OSError, ValueError, TypeError) as exc:
+            raise TrustError(f"cannot load the {role} key from {path}: {exc}") from exc
+        root: Root = self._load("root").signed
+        if signer.public_key.keyid not in root.roles[role].keyids:
+            raise TrustError(f"{path} is not a {role} key the root trusts")
+        return signer
+
+    def _served(self, path: str) -> Path:
+        top, _, rest = path.partition("/") if isinstance(path, str) else ("", "", "")
+        ok = top in {"metadata", "targets"} and is_safe_relpath(rest, _MAX_SERVED_PATH)
+        if ok and top == "metadata":
+            ok = "/" not in rest and rest.endswith(".json")
+        if not ok:
+            raise TrustError(f"bad repository path {path!r}")
+        base = (self._dir / top).resolve()
+        full = (base / rest).resolve()
+        if not full.is_relative_to(base):
+            raise TrustError(f"repository path {path!r} leaves {top}/")
+        return full
+
+    def _expires(self, role: str) -> datetime:
+        return datetime.now(UTC) + timedelta(days=self._expiry[role])
+
+    def _past_half_life(self, signed: Targets | Snapshot) -> bool:
+        left = signed.expires - datetime.now(UTC)
+        return left < timedelta(days=self._expiry[signed.type]) / 2
+
+
+def _check_expiry(expiry_days: dict[str, int] | None) -> dict[str, int]:
+    merged = dict(DEFAULT_EXPIRY_DAYS)
+    for role, days in (expiry_days or {}).items():
+        if role not in DEFAULT_EXPIRY_DAYS:
+            raise TrustError(f"unknown role {role!r} in expiry_days")
+        if not isinstance(days, int) or isinstance(days, bool):
+            raise TrustError(f"expiry for {role} must be whole days, got {days!r}")
+        if not 1 <= days <= _MAX_EXPIRY_DAYS:
+            raise TrustError(f"expiry for {role} must be 1..{_MAX_EXPIRY_DAYS} days")
+        merged[role] = days
+    return merged

@@ -1,0 +1,382 @@
+"""Tests for skill installs: unpack, atomic switch, rollback, and recovery after kill -9."""
+
+import io
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edge_agent.errors import InstallError
+from edge_agent.installs import MARKER, InstallStore
+
+
+def make_bundle(where: Path, version: str, extra: dict[str, bytes] | None = None) -> Path:
+    """A tiny tar.gz standing in for a .skill bundle; its files name the version."""
+    files = {
+        "skill.toml": f'name = "cam"\nversion = "{version}"\n'.encode(),
+        "control/main.py": f"VERSION = {version!r}\n".encode(),
+        "models/onnx-cpu/model.onnx": version.encode() * 1000,
+        **(extra or {}),
+    }
+    path = where / f"cam-{version}.skill"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def tar_install(bundle: Path, dest: Path) -> None:
+    """What skills.bundle.install_bundle does, minus verification: stage next to dest, rename."""
+    if dest.exists():
+        raise FileExistsError(dest)
+    staging = dest.parent / f".staging-{secrets.token_hex(4)}"
+    try:
+        with tarfile.open(bundle) as tar:
+            tar.extractall(staging, filter="data")
+        staging.rename(dest)
+    except BaseException:
+        if staging.exists():
+            shutil.rmtree(staging)
+        raise
+
+
+def store_at(root: Path) -> InstallStore:
+    return InstallStore(root, tar_install)
+
+
+def assert_clean(root: Path, name: str = "cam") -> None:
+    """No leftovers; every version folder is complete; exactly one active version."""
+    skills = root / "skills"
+    assert [p.name for p in skills.iterdir() if p.name.startswith(".")] == []
+    skill_dir = skills / name
+    for entry in skill_dir.iterdir():
+        assert not entry.name.startswith("."), entry
+        assert ".tmp" not in entry.name, entry
+        if entry.is_dir() and not entry.is_symlink():
+            assert (entry / MARKER).is_file(), entry
+            version = entry.name
+            assert (entry / "control" / "main.py").read_text() == f"VERSION = {version!r}\n"
+            assert (entry / "models/onnx-cpu/model.onnx").read_bytes() == version.encode() * 1000
+    active = [s for s in InstallStore(root, tar_install).installed() if s.name == name]
+    assert len(active) == 1
+    assert (skill_dir / "current").resolve() == active[0].path.resolve()
+
+
+def test_install_activate_switch_and_rollback(tmp_path: Path) -> None:
+    store = store_at(tmp_path / "state")
+    assert store.bundles_dir.is_dir()
+    assert store.current("cam") is None
+    path1 = store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    assert store.is_installed("cam", "1.0.0")
+    assert not store.is_installed("cam", "2.0.0")
+    assert store.current("cam") is None  # unpacked is not active
+    store.activate("cam", "1.0.0")
+    assert store.current("cam") == store.installed()[0]
+    assert store.installed()[0].version == "1.0.0"
+    assert store.installed()[0].previous is None
+    assert store.installed()[0].path == path1
+
+    store.unpack("cam", "2.0.0", make_bundle(tmp_path, "2.0.0"))
+    store.activate("cam", "2.0.0")
+    current = store.current("cam")
+    assert current is not None
+    assert (current.version, current.previous) == ("2.0.0", "1.0.0")
+    link = tmp_path / "state/skills/cam/current/control/main.py"
+    assert link.read_text() == "VERSION = '2.0.0'\n"
+
+    store.activate("cam", "2.0.0")  # already active: nothing changes
+    assert store.current("cam") == current
+    assert store.rollback("cam") == "1.0.0"
+    assert link.read_text() == "VERSION = '1.0.0'\n"
+    after = store.current("cam")
+    assert after is not None
+    assert after.previous == "2.0.0"
+    assert store.rollback("cam") == "2.0.0"
+    assert_clean(tmp_path / "state")
+
+
+def test_activate_requires_an_installed_version_and_rollback_a_previous(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    with pytest.raises(InstallError, match="not installed"):
+        store.activate("cam", "1.0.0")
+    store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    with pytest.raises(InstallError, match="no previous"):
+        store.rollback("cam")
+    store.activate("cam", "1.0.0")
+    with pytest.raises(InstallError, match="no previous"):
+        store.rollback("cam")
+
+
+def test_unpack_is_idempotent(tmp_path: Path) -> None:
+    calls: list[Path] = []
+
+    def counting(bundle: Path, dest: Path) -> None:
+        calls.append(dest)
+        tar_install(bundle, dest)
+
+    store = InstallStore(tmp_path / "state", counting)
+    bundle = make_bundle(tmp_path, "1.0.0")
+    first = store.unpack("cam", "1.0.0", bundle)
+    assert store.unpack("cam", "1.0.0", bundle) == first
+    assert len(calls) == 1
+    marker = json.loads((first / MARKER).read_text())
+    assert marker["version"] == "1.0.0"
+    assert marker["files"]["control/main.py"] == len("VERSION = '1.0.0'\n")
+
+
+def test_failed_unpack_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    store = store_at(root)
+    junk = tmp_path / "junk.skill"
+    junk.write_bytes(b"not an archive")
+    with pytest.raises(InstallError, match=r"junk\.skill"):
+        store.unpack("cam", "1.0.0", junk)
+    assert list((root / "skills").iterdir()) == []
+
+    def half_then_fail(bundle: Path, dest: Path) -> None:
+        (dest / "control").mkdir(parents=True)
+        raise OSError("disk full")
+
+    with pytest.raises(InstallError, match="disk full"):
+        InstallStore(root, half_then_fail).unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    assert list((root / "skills").iterdir()) == []
+
+    sneaky = make_bundle(tmp_path, "1.0.0", {MARKER: b'{"version": "1.0.0", "files": {}}'})
+    with pytest.raises(InstallError, match="reserved"):
+        store.unpack("cam", "1.0.0", sneaky)
+    assert list((root / "skills").iterdir()) == []
+
+
+def test_failed_unpack_keeps_the_active_version(tmp_path: Path) -> None:
+    store = store_at(tmp_path / "state")
+    store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    store.activate("cam", "1.0.0")
+    junk = tmp_path / "junk.skill"
+    junk.write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(InstallError):
+        store.unpack("cam", "2.0.0", junk)
+    assert_clean(tmp_path / "state")
+    assert sorted(p.name for p in (tmp_path / "state/skills/cam").iterdir()) == [
+        "1.0.0",
+        "current",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("../x", "1"),
+        (".hidden", "1"),
+        ("cam", "current"),
+        ("cam", "previous.tmp-1"),
+        ("cam", ""),
+        ("a/b", "1"),
+        ("cam", "1/../../x"),
+        ("cam", "x" * 200),
+    ],
+)
+def test_unsafe_names_are_refused(tmp_path: Path, name: str, version: str) -> None:
+    store = store_at(tmp_path / "state")
+    with pytest.raises(InstallError, match="bad"):
+        store.unpack(name, version, make_bundle(tmp_path, "1.0.0"))
+    assert list((tmp_path / "state/skills").iterdir()) == []
+
+
+def test_remove_skill_and_installed_listing(tmp_path: Path) -> None:
+    store = store_at(tmp_path / "state")
+    for name in ("zeta", "alpha", "mid"):
+        store.unpack(name, "1", make_bundle(tmp_path, "1"))
+    store.activate("zeta", "1")
+    store.activate("alpha", "1")
+    assert [s.name for s in store.installed()] == ["alpha", "zeta"]
+    store.remove_skill("alpha")
+    store.remove_skill("alpha")
+    store.remove_skill("never-installed")
+    assert [s.name for s in store.installed()] == ["zeta"]
+    assert sorted(p.name for p in (tmp_path / "state/skills").iterdir()) == ["mid", "zeta"]
+
+
+def test_prune_keeps_current_previous_and_newest(tmp_path: Path) -> None:
+    store = store_at(tmp_path / "state")
+    skill_dir = tmp_path / "state/skills/cam"
+    for v in ("1", "2", "3", "4"):
+        store.unpack("cam", v, make_bundle(tmp_path, v))
+    store.activate("cam", "2")
+    store.activate("cam", "1")  # current 1, previous 2; 3 and 4 never active
+    store.prune("cam", keep=3)
+    assert sorted(p.name for p in skill_dir.iterdir()) == ["1", "2", "4", "current", "previous"]
+    store.prune("cam")
+    assert sorted(p.name for p in skill_dir.iterdir()) == ["1", "2", "current", "previous"]
+    store.prune("cam", keep=1)
+    assert sorted(p.name for p in skill_dir.iterdir()) == ["1", "current"]
+    assert store.current("cam") == store.installed()[0]
+    with pytest.raises(InstallError):
+        store.prune("cam", keep=0)
+
+
+def test_recover_falls_back_when_current_is_damaged_or_dangling(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    store = store_at(root)
+    for v in ("1", "2", "3"):
+        store.unpack("cam", v, make_bundle(tmp_path, v))
+    store.activate("cam", "1")
+    store.activate("cam", "2")
+    model = root / "skills/cam/2/models/onnx-cpu/model.onnx"
+    model.write_bytes(b"truncated")
+    cleaned = store.recover()
+    assert "skills/cam/2: incomplete or damaged" in cleaned
+    current = store.current("cam")
+    assert current is not None
+    assert (current.version, current.previous) == ("1", None)
+    assert_clean(root)
+
+    store.activate("cam", "3")
+    shutil.rmtree(root / "skills/cam/3")
+    store.recover()
+    current = store.current("cam")
+    assert current is not None
+    assert current.version == "1"
+    assert_clean(root)
+
+
+def test_recover_drops_a_skill_that_has_nothing_left(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    store = store_at(root)
+    (root / "skills/ghost/1").mkdir(parents=True)
+    (root / "skills/ghost/current").symlink_to("1")
+    (root / "skills/.staging-abc").mkdir()
+    cleaned = store.recover()
+    assert sorted(cleaned) == [
+        "skills/.staging-abc: leftover",
+        "skills/ghost/1: incomplete or damaged",
+        "skills/ghost/current: dangling",
+    ]
+    assert list((root / "skills").iterdir()) == []
+    assert store.recover() == []
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, secrets, shutil, signal, sys, tarfile
+    from pathlib import Path
+    from edge_agent.installs import InstallStore
+
+    root, bundle, op, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+    def hook(step):
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def install(bundle, dest):
+        staging = dest.parent / f".staging-{secrets.token_hex(4)}"
+        with tarfile.open(bundle) as tar:
+            for i, member in enumerate(tar.getmembers()):
+                tar.extract(member, staging, filter="data")
+                if i == 1:
+                    hook("mid-extract")
+        hook("staged")
+        staging.rename(dest)
+
+    store = InstallStore(root, install, step_hook=hook)
+    if op == "install":
+        store.unpack("cam", "2", bundle)
+        store.activate("cam", "2")
+    elif op == "rollback":
+        store.rollback("cam")
+    elif op == "prune":
+        store.prune("cam", keep=1)
+    hook("done")
+    """
+)
+
+
+def _run_child(root: Path, bundle: Path, op: str, kill_at: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(root), str(bundle), op, kill_at],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def _state_v0_v1(tmp_path: Path) -> Path:
+    root = tmp_path / "state"
+    store = store_at(root)
+    for v in ("0", "1"):
+        store.unpack("cam", v, make_bundle(tmp_path, v))
+        store.activate("cam", v)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "active"),
+    [
+        ("mid-extract", "1"),
+        ("staged", "1"),
+        ("unpacked", "1"),
+        ("marked", "1"),
+        ("previous-tmp", "1"),
+        ("previous-replaced", "1"),
+        ("current-tmp", "1"),
+        ("current-replaced", "2"),
+        ("done", "2"),
+    ],
+)
+def test_kill_during_install_then_recover(tmp_path: Path, kill_at: str, active: str) -> None:
+    root = _state_v0_v1(tmp_path)
+    bundle = make_bundle(tmp_path, "2")
+    _run_child(root, bundle, "install", kill_at)
+    store = store_at(root)
+    store.recover()
+    assert_clean(root)
+    current = store.current("cam")
+    assert current is not None
+    assert current.version == active
+    # Level-triggered reconcile: doing the same install again converges.
+    store.unpack("cam", "2", bundle)
+    store.activate("cam", "2")
+    current = store.current("cam")
+    assert current is not None
+    assert (current.version, current.previous) == ("2", "1")
+    assert_clean(root)
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "active"),
+    [
+        ("current-tmp", "1"),
+        ("current-replaced", "0"),
+        ("previous-tmp", "0"),
+        ("previous-replaced", "0"),
+    ],
+)
+def test_kill_during_rollback_then_recover(tmp_path: Path, kill_at: str, active: str) -> None:
+    root = _state_v0_v1(tmp_path)
+    _run_child(root, tmp_path / "unused", "rollback", kill_at)
+    store = store_at(root)
+    store.recover()
+    assert_clean(root)
+    current = store.current("cam")
+    assert current is not None
+    assert current.version == active
+
+
+def test_kill_during_prune_then_recover(tmp_path: Path) -> None:
+    root = _state_v0_v1(tmp_path)
+    _run_child(root, tmp_path / "unused", "prune", "trashed")
+    assert any(p.name.startswith(".trash-") for p in (root / "skills/cam").iterdir())
+    store = store_at(root)
+    assert any("leftover" in line for line in store.recover())
+    assert_clean(root)
+    assert sorted(p.name for p in (root / "skills/cam").iterdir()) == ["1", "current"]

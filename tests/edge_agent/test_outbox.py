@@ -1,0 +1,204 @@
+"""Tests for the durable outbox (real SQLite files, real child processes)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge_agent.errors import OutboxError
+from edge_agent.outbox import Outbox
+
+
+def _ids(box: Outbox) -> list[str]:
+    return [e.msg_id for e in box.pending(limit=10_000)]
+
+
+def test_put_pending_oldest_first_and_survives_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "state" / "outbox.db"
+    with Outbox(db) as box:
+        box.put("m1", "telemetry", b"one")
+        box.put("m2", "status", b"two")
+        box.mark_attempted(["m1", "nope"])
+    with Outbox(db) as box:
+        entries = box.pending()
+        assert [(e.msg_id, e.kind, e.payload, e.attempts) for e in entries] == [
+            ("m1", "telemetry", b"one", 1),
+            ("m2", "status", b"two", 0),
+        ]
+        assert entries[0].created_ms > 1_600_000_000_000
+        assert len(box) == 2
+        assert box.pending(limit=1)[0].msg_id == "m1"
+
+
+def test_ack_removes_only_acked_ids(tmp_path: Path) -> None:
+    with Outbox(tmp_path / "o.db") as box:
+        for i in range(5):
+            box.put(f"m{i}", "k", b"x" * i)
+        assert box.ack(["m1", "m3", "m3", "unknown"]) == 2
+        assert _ids(box) == ["m0", "m2", "m4"]
+        assert box.ack(["m1"]) == 0
+        assert len(box) == 3
+
+
+def test_duplicate_msg_id_is_a_no_op(tmp_path: Path) -> None:
+    with Outbox(tmp_path / "o.db") as box:
+        box.put("m1", "k", b"first")
+        box.put("m2", "k", b"second")
+        box.put("m1", "other", b"replayed")
+        assert [(e.msg_id, e.payload) for e in box.pending()] == [
+            ("m1", b"first"),
+            ("m2", b"second"),
+        ]
+
+
+def test_entry_cap_drops_oldest_and_counts_persistently(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    with Outbox(db, max_entries=3) as box:
+        for i in range(5):
+            box.put(f"m{i}", "k", b"p")
+        assert _ids(box) == ["m2", "m3", "m4"]
+    with Outbox(db, max_entries=3) as box:
+        assert box.take_dropped() == 2
+        assert box.take_dropped() == 0
+        box.put("m5", "k", b"p")
+        assert box.take_dropped() == 1
+        assert _ids(box) == ["m3", "m4", "m5"]
+
+
+def test_byte_cap_drops_as_many_oldest_as_needed_never_the_new_one(tmp_path: Path) -> None:
+    with Outbox(tmp_path / "o.db", max_bytes=100, max_payload=100) as box:
+        for i in range(4):
+            box.put(f"small{i}", "k", b"s" * 20)
+        box.ack(["small1"])
+        # 60 bytes stored; 70 more need 30 freed: small0 and small2 (40 bytes) go.
+        box.put("big", "k", b"b" * 70)
+        assert _ids(box) == ["small3", "big"]
+        assert box.take_dropped() == 2
+        box.put("full", "k", b"f" * 100)
+        assert _ids(box) == ["full"]
+        assert box.take_dropped() == 2
+
+
+def test_oversize_or_bad_input_is_refused_and_nothing_stored(tmp_path: Path) -> None:
+    with Outbox(tmp_path / "o.db", max_entries=2, max_bytes=1000, max_payload=10) as box:
+        box.put("keep1", "k", b"1")
+        box.put("keep2", "k", b"2")
+        with pytest.raises(OutboxError, match="exceeds"):
+            box.put("big", "k", b"x" * 11)
+        with pytest.raises(OutboxError):
+            box.put("", "k", b"x")
+        with pytest.raises(OutboxError):
+            box.put("id" * 200, "k", b"x")
+        with pytest.raises(OutboxError):
+            box.put("m", "k", "text")  # type: ignore[arg-type]
+        with pytest.raises(OutboxError):
+            box.ack("keep1")
+        assert _ids(box) == ["keep1", "keep2"]
+        assert box.take_dropped() == 0
+        box.put("exact", "k", b"x" * 10)
+        assert _ids(box) == ["keep2", "exact"]
+
+
+def test_bad_caps_and_closed_outbox_raise(tmp_path: Path) -> None:
+    with pytest.raises(OutboxError):
+        Outbox(tmp_path / "o.db", max_bytes=10, max_payload=20)
+    box = Outbox(tmp_path / "o.db")
+    box.close()
+    box.close()
+    with pytest.raises(OutboxError, match="closed"):
+        box.put("m", "k", b"")
+    with Outbox(tmp_path / "o.db") as again, pytest.raises(OutboxError):
+        again.pending(limit=0)
+
+
+def test_a_file_that_is_not_a_database_is_an_outbox_error(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(OutboxError):
+        Outbox(junk)
+
+
+def test_concurrent_puts_from_threads(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(40):
+                box.put(f"t{t}-{i}", "k", f"{t}:{i}".encode())
+                if i % 10 == 9:
+                    box.pending(limit=5)
+        except BaseException as exc:  # reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    ids = _ids(box)
+    assert len(box) == len(ids) == 240
+    for t in range(6):
+        mine = [i for i in ids if i.startswith(f"t{t}-")]
+        assert mine == [f"t{t}-{i}" for i in range(40)]
+    box.close()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from edge_agent.outbox import Outbox
+
+    box = Outbox(Path(sys.argv[1]))
+    n = int(sys.argv[2])
+    for i in range(n):
+        box.put(f"m{i}", "k", b"payload-%d" % i)
+        print(f"m{i}", flush=True)
+    if sys.argv[3] == "self":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()
+    """
+)
+
+
+def test_entry_survives_sigkill_right_after_put_returns(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(db), "1", "self"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert proc.stdout.split() == ["m0"]
+    with Outbox(db) as box:
+        assert [(e.msg_id, e.payload) for e in box.pending()] == [("m0", b"payload-0")]
+
+
+def test_every_acknowledged_put_survives_kill_from_outside(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(db), "100000", "wait"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    confirmed = [proc.stdout.readline().strip() for _ in range(30)]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert proc.stdin is not None
+    proc.stdin.close()
+    with Outbox(db) as box:
+        stored = _ids(box)
+    assert stored[: len(confirmed)] == confirmed
+    assert stored == [f"m{i}" for i in range(len(stored))]
