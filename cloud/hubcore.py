@@ -131,6 +131,12 @@ class HubCore:
         """
         if env.device_id != device_id:
             raise ProtocolError(f"device {device_id} sent a message as {env.device_id!r}")
+        try:
+            return await self._dispatch(device_id, env)
+        except ValidationError as exc:
+            raise ProtocolError(f"refused by the store: {exc}") from exc
+
+    async def _dispatch(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         kind = kind_of(env)
         if kind == "heartbeat":
             await asyncio.to_thread(
@@ -232,4 +238,5 @@ def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
         window_end_ms=msg.window_end_ms,
         dropped_messages=msg.dropped_messages,
         metrics=dict(msg.metrics),
+        received_ms=now_ms(),
     )

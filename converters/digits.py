@@ -21,8 +21,10 @@ __all__ = [
     "DigitsCNN",
     "DigitsData",
     "Split",
+    "digits_arrays",
     "evaluate_accuracy",
     "load_digits_data",
+    "split_dataset",
     "train_digits",
 ]
 
@@ -63,6 +65,58 @@ class DigitsData:
     test: Split
 
 
+def split_dataset(
+    x: np.ndarray, y: np.ndarray, *, seed: int = 0, val: float = 0.1, test: float = 0.2
+) -> DigitsData:
+    """Split arrays into stratified train / val / test parts.
+
+    Args:
+        x: Images ``[N, C, H, W]`` float32.
+        y: Labels ``[N]`` int64.
+        seed: Seed of the split.
+        val: Fraction for validation.
+        test: Fraction for the held-out test split.
+
+    Raises:
+        DatasetError: The fractions are invalid or a class has too few images to stratify.
+    """
+    from sklearn.model_selection import train_test_split  # noqa: PLC0415  (slow import)
+
+    if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
+        raise DatasetError(f"bad split fractions val={val} test={test}")
+    rest = round(val + test, 6)
+    try:
+        x_train, x_rest, y_train, y_rest = train_test_split(
+            x, y, test_size=rest, stratify=y, random_state=seed
+        )
+        x_val, x_test, y_val, y_test = train_test_split(
+            x_rest, y_rest, test_size=round(len(y_rest) * test / rest), stratify=y_rest, random_state=seed
+        )
+    except ValueError as exc:
+        raise DatasetError(f"cannot split the data set: {exc}") from exc
+    return DigitsData(
+        train=Split(np.ascontiguousarray(x_train), y_train),
+        val=Split(np.ascontiguousarray(x_val), y_val),
+        test=Split(np.ascontiguousarray(x_test), y_test),
+    )
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """All 1797 digits in scikit-learn's order: ``x`` ``[N, 1, 8, 8]`` float32, ``y`` int64.
+
+    Raises:
+        DatasetError: scikit-learn's data could not be loaded.
+    """
+    from sklearn.datasets import load_digits  # noqa: PLC0415  (slow import, only when used)
+
+    try:
+        bunch = load_digits()
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot load scikit-learn digits: {exc}") from exc
+    x = (np.asarray(bunch.images, dtype=np.float32) / _PIXEL_MAX)[:, None, :, :]
+    return np.ascontiguousarray(x), np.asarray(bunch.target, dtype=np.int64)
+
+
 def load_digits_data(seed: int = 0) -> DigitsData:
     """Load scikit-learn's digits and split them 70/10/20, stratified by class.
 
@@ -75,44 +129,38 @@ def load_digits_data(seed: int = 0) -> DigitsData:
     Raises:
         DatasetError: scikit-learn's data could not be loaded.
     """
-    from sklearn.datasets import load_digits  # noqa: PLC0415  (slow import, only when used)
-    from sklearn.model_selection import train_test_split  # noqa: PLC0415
-
-    try:
-        bunch = load_digits()
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"cannot load scikit-learn digits: {exc}") from exc
-    x = (np.asarray(bunch.images, dtype=np.float32) / _PIXEL_MAX)[:, None, :, :]
-    y = np.asarray(bunch.target, dtype=np.int64)
-    x_train, x_rest, y_train, y_rest = train_test_split(
-        x, y, test_size=0.3, stratify=y, random_state=seed
-    )
-    # 10 % of the whole is a third of the remaining 30 %.
-    x_val, x_test, y_val, y_test = train_test_split(
-        x_rest, y_rest, test_size=2 / 3, stratify=y_rest, random_state=seed
-    )
-    return DigitsData(
-        train=Split(np.ascontiguousarray(x_train), y_train),
-        val=Split(np.ascontiguousarray(x_val), y_val),
-        test=Split(np.ascontiguousarray(x_test), y_test),
-    )
+    x, y = digits_arrays()
+    return split_dataset(x, y, seed=seed)
 
 
 class DigitsCNN(nn.Module):
     """Two conv layers and two fully connected layers over 8x8 digits upsampled to 16x16."""
 
-    def __init__(self, conv1: int = 16, conv2: int = 32, hidden: int = 64) -> None:
+    def __init__(
+        self,
+        conv1: int = 16,
+        conv2: int = 32,
+        hidden: int = 64,
+        *,
+        in_channels: int = 1,
+        num_classes: int = NUM_CLASSES,
+    ) -> None:
         """Build the network.
 
         Args:
             conv1: Channels of the first convolution.
             conv2: Channels of the second convolution.
             hidden: Width of the hidden fully connected layer.
+            in_channels: Channels of the 8x8 input images.
+            num_classes: Number of logits.
         """
         super().__init__()
+        self.widths = (conv1, conv2, hidden)
+        self.in_channels = in_channels
+        self.num_classes = num_classes
         self.upsample = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
         self.features = nn.Sequential(
-            nn.Conv2d(1, conv1, 3, padding=1),
+            nn.Conv2d(in_channels, conv1, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(conv1, conv2, 3, padding=1),
@@ -123,11 +171,11 @@ class DigitsCNN(nn.Module):
             nn.Flatten(),
             nn.Linear(conv2 * 4 * 4, hidden),
             nn.ReLU(),
-            nn.Linear(hidden, NUM_CLASSES),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return logits ``[N, 10]`` for images ``[N, 1, 8, 8]`` in ``[0, 1]``."""
+        """Return logits ``[N, num_classes]`` for images ``[N, C, 8, 8]`` in ``[0, 1]``."""
         return self.classifier(self.features(self.upsample(x)))
 
 

@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +121,7 @@ class InstallStore:
             try:
                 for entry in sorted(self._skills.iterdir()):
                     if entry.name.startswith("."):
-                        self._delete(entry)
+                        _delete(entry)
                         cleaned.append(f"{self._rel(entry)}: leftover")
                     elif entry.is_dir() and not entry.is_symlink() and _NAME.fullmatch(entry.name):
                         cleaned.extend(self._recover_skill(entry))
@@ -134,7 +133,7 @@ class InstallStore:
         cleaned: list[str] = []
         for entry in sorted(skill_dir.iterdir()):
             if entry.name.startswith(".") or entry.name.startswith(_TEMP_LINK_PREFIXES):
-                self._delete(entry)
+                _delete(entry)
                 cleaned.append(f"{self._rel(entry)}: leftover")
             elif _is_version_dir(entry) and not _verified(entry):
                 self._discard(entry)
@@ -150,7 +149,7 @@ class InstallStore:
             cleaned.append(f"{self._rel(skill_dir / 'current')}: fell back to {prev}")
         if prev is not None and cur in (None, prev):
             (skill_dir / "previous").unlink()
-        _fsync_dir(skill_dir)
+        _fsync(skill_dir)
         if not any(skill_dir.iterdir()):
             skill_dir.rmdir()
         return cleaned
@@ -161,7 +160,7 @@ class InstallStore:
         Raises:
             InstallError: The name or version is not a safe folder name.
         """
-        return _is_complete(self._skill_dir(name) / _check_name("version", version))
+        return _is_complete(self._skill_dir(name) / _check_name("version", version, version=True))
 
     def unpack(self, name: str, version: str, bundle: Path) -> Path:
         """Unpack a bundle into ``skills/<name>/<version>`` unless that version is already there.
@@ -179,7 +178,7 @@ class InstallStore:
                 nothing of this version is left behind.
         """
         skill_dir = self._skill_dir(name)
-        dest = skill_dir / _check_name("version", version)
+        dest = skill_dir / _check_name("version", version, version=True)
         with self._lock:
             if _is_complete(dest):
                 return dest
@@ -187,7 +186,7 @@ class InstallStore:
             try:
                 skill_dir.mkdir(parents=True, exist_ok=True)
                 if dest.exists() or dest.is_symlink():
-                    self._delete(dest)  # an interrupted unpack that recover() has not seen
+                    _delete(dest)  # an interrupted unpack that recover() has not seen
                 self._install_fn(bundle, dest)
                 if not _is_version_dir(dest):
                     raise InstallError(f"the installer did not create {dest.name}/")
@@ -211,16 +210,14 @@ class InstallStore:
                 raise InstallError(f"the unpacked bundle contains a link: {path.relative_to(dest)}")
             if path.is_file():
                 files[path.relative_to(dest).as_posix()] = path.stat().st_size
-                _fsync_path(path)
-            elif path.is_dir():
-                _fsync_dir(path)
-        record = {"name": name, "version": version, "installed_ms": time.time_ns() // 1_000_000}
+            _fsync(path)
         tmp = dest / f"{MARKER}.tmp"
-        tmp.write_text(json.dumps({**record, "files": files}), encoding="utf-8")
-        _fsync_path(tmp)
+        record = {"name": name, "version": version, "files": files}
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        _fsync(tmp)
         tmp.replace(dest / MARKER)
-        _fsync_dir(dest)
-        _fsync_dir(dest.parent)
+        _fsync(dest)
+        _fsync(dest.parent)
 
     def _undo_unpack(self, dest: Path, skill_dir: Path, new_skill: bool) -> None:
         if dest.exists() and not dest.is_symlink():
@@ -238,7 +235,7 @@ class InstallStore:
             InstallError: The version is not installed, or the links cannot be switched.
         """
         skill_dir = self._skill_dir(name)
-        _check_name("version", version)
+        _check_name("version", version, version=True)
         with self._lock:
             if not _is_complete(skill_dir / version):
                 raise InstallError(f"{name} {version} is not installed")
@@ -275,7 +272,7 @@ class InstallStore:
                     self._set_link(skill_dir, "previous", cur)
                 else:
                     (skill_dir / "previous").unlink()
-                    _fsync_dir(skill_dir)
+                    _fsync(skill_dir)
             except OSError as exc:
                 raise InstallError(f"cannot roll {name} back to {prev}: {exc}") from exc
             return prev
@@ -348,13 +345,13 @@ class InstallStore:
         cur = self._active(skill_dir, "current")
         prev = self._active(skill_dir, "previous")
         complete = [p for p in skill_dir.iterdir() if _is_complete(p)]
-        complete.sort(key=_installed_ms, reverse=True)
+        complete.sort(key=_installed_ns, reverse=True)
         ranked = [v for v in (cur, prev) if v is not None]
         ranked += [p.name for p in complete if p.name not in ranked]
         kept = set(ranked[:keep])
         if prev is not None and prev not in kept:
             (skill_dir / "previous").unlink()
-            _fsync_dir(skill_dir)
+            _fsync(skill_dir)
         for path in complete:
             if path.name not in kept:
                 self._discard(path)
@@ -372,40 +369,38 @@ class InstallStore:
         tmp.symlink_to(version)
         self._hook(f"{link}-tmp")
         tmp.replace(skill_dir / link)
-        _fsync_dir(skill_dir)
+        _fsync(skill_dir)
         self._hook(f"{link}-replaced")
 
     def _discard(self, path: Path) -> None:
         """Delete a complete folder so that no crash can leave it looking complete."""
         trash = path.parent / f".trash-{path.name}-{secrets.token_hex(4)}"
         path.replace(trash)
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
         self._hook("trashed")
         shutil.rmtree(trash)
-
-    @staticmethod
-    def _delete(path: Path) -> None:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self._root).as_posix()
 
 
-def _check_name(what: str, value: str) -> str:
-    if (
-        not isinstance(value, str)
-        or not _NAME.fullmatch(value)
-        or value in _LINKS
-        or value.startswith(_TEMP_LINK_PREFIXES)
-    ):
+def _check_name(what: str, value: str, *, version: bool = False) -> str:
+    ok = isinstance(value, str) and _NAME.fullmatch(value) is not None
+    if ok and version:  # versions share a folder with the links
+        ok = value not in _LINKS and not value.startswith(_TEMP_LINK_PREFIXES)
+    if not ok:
         raise InstallError(
             f"bad {what} {value!r}: use 1-128 of letters, digits, '.', '_', '+', '-', "
-            "starting with a letter or digit, and not 'current' or 'previous'"
+            "starting with a letter or digit; a version may not be 'current' or 'previous'"
         )
     return value
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _is_version_dir(path: Path) -> bool:
@@ -419,12 +414,8 @@ def _is_complete(path: Path) -> bool:
 def _read_link(link: Path) -> str | None:
     """The version a symlink names, or ``None`` if it is not a link to a plain version name."""
     try:
-        target = str(link.readlink())
-    except OSError:
-        return None
-    try:
-        return _check_name("link target", target)
-    except InstallError:
+        return _check_name("link target", str(link.readlink()), version=True)
+    except (OSError, InstallError):
         return None
 
 
@@ -438,10 +429,8 @@ def _read_marker(version_dir: Path) -> dict[str, object] | None:
     return record if isinstance(record, dict) else None
 
 
-def _installed_ms(version_dir: Path) -> int:
-    record = _read_marker(version_dir) or {}
-    stamp = record.get("installed_ms")
-    return stamp if isinstance(stamp, int) else 0
+def _installed_ns(version_dir: Path) -> int:
+    return (version_dir / MARKER).stat().st_mtime_ns
 
 
 def _verified(version_dir: Path) -> bool:
@@ -461,16 +450,9 @@ def _verified(version_dir: Path) -> bool:
     return True
 
 
-def _fsync_path(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries (renames, new links), to the disk."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

@@ -123,7 +123,7 @@ class Outbox:
         if str(mode).lower() != "wal":
             raise sqlite3.OperationalError(f"WAL mode refused (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=FULL")
-        # The running totals are recomputed once at open, so they can never drift for long.
+        # The running totals are recomputed at open, so edits made behind our back cannot skew them.
         conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
 
     def __enter__(self) -> Outbox:

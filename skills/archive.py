@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
+from skills._tar_write import DIR_MODE, FILE_MODE, write_tar_gz
 from skills.errors import ArchiveError
 
 __all__ = ["DEFAULT_LIMITS", "ArchiveLimits", "read_member", "safe_extract", "write_archive"]
 
 _MIB = 1024 * 1024
 _CHUNK = _MIB
-_FILE_MODE = 0o644
-_DIR_MODE = 0o755
 _MAX_NAME_CHARS = 1024
 _MAX_DEPTH = 32
 _MAX_PART_BYTES = 255
@@ -241,8 +240,8 @@ class _Extraction:
             if rel in self._dirs:
                 continue
             path = self._dest.joinpath(*parts[:depth])
-            path.mkdir(mode=_DIR_MODE)
-            path.chmod(_DIR_MODE)  # mkdir's mode is narrowed by the umask
+            path.mkdir(mode=DIR_MODE)
+            path.chmod(DIR_MODE)  # mkdir's mode is narrowed by the umask
             self._dirs.add(rel)
 
     def _write_file(self, tar: tarfile.TarFile, info: tarfile.TarInfo, name: str) -> None:
@@ -252,9 +251,9 @@ class _Extraction:
         if source is None:
             raise _Reject("member has no data")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self._dest.joinpath(*name.split("/")), flags, _FILE_MODE)
+        fd = os.open(self._dest.joinpath(*name.split("/")), flags, FILE_MODE)
         with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), _FILE_MODE)
+            os.fchmod(out.fileno(), FILE_MODE)
             written = self._copy(source, out)
         if written != info.size:
             raise _Reject(f"expected {info.size} bytes, got {written}")
@@ -281,7 +280,7 @@ def _prepare_dest(dest: Path) -> bool:
             raise ArchiveError(f"destination {dest} exists and is not an empty directory")
         return False
     try:
-        dest.mkdir(mode=_DIR_MODE)
+        dest.mkdir(mode=DIR_MODE)
     except OSError as exc:
         raise ArchiveError(f"cannot create destination {dest}: {exc.strerror}") from exc
     return True
@@ -376,77 +375,6 @@ def read_member(
     return None
 
 
-def _walk(
-    root: Path, prefix: str, skip: Callable[[str], bool] | None
-) -> Iterator[tuple[str, Path, bool]]:
-    """Yield ``(name, path, is_dir)``: files first, then directories, each sorted by name."""
-    files: list[tuple[str, Path]] = []
-    dirs: list[tuple[str, Path]] = []
-    for path in sorted(root.iterdir(), key=lambda p: p.name):
-        rel = f"{prefix}{path.name}"
-        if skip is not None and skip(rel):
-            continue
-        if path.is_symlink():
-            raise ArchiveError(f"cannot archive symbolic link {rel!r}")
-        if path.is_dir():
-            dirs.append((rel, path))
-        elif path.is_file():
-            files.append((rel, path))
-        else:
-            raise ArchiveError(f"cannot archive special file {rel!r}")
-    for rel, path in files:
-        yield rel, path, False
-    for rel, path in dirs:
-        yield rel, path, True
-        yield from _walk(path, f"{rel}/", skip)
-
-
-def _tar_info(name: str, is_dir: bool, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE
-    info.mode = _DIR_MODE if is_dir else _FILE_MODE
-    info.size = 0 if is_dir else size
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
-def _write_entries(
-    tar: tarfile.TarFile,
-    src_dir: Path,
-    overrides: Mapping[str, bytes],
-    skip: Callable[[str], bool] | None,
-) -> None:
-    pending = set(overrides)
-    for rel, path, is_dir in _walk(src_dir, "", skip):
-        if is_dir:
-            tar.addfile(_tar_info(rel, True, 0))
-        elif rel in overrides:
-            pending.discard(rel)
-            data = overrides[rel]
-            tar.addfile(_tar_info(rel, False, len(data)), _BytesReader(data))
-        else:
-            with path.open("rb") as source:
-                tar.addfile(_tar_info(rel, False, os.fstat(source.fileno()).st_size), source)
-    if pending:
-        raise ArchiveError(f"override(s) for files not in {src_dir}: {', '.join(sorted(pending))}")
-
-
-class _BytesReader:
-    """The smallest file-like object ``tarfile.addfile`` reads from."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = memoryview(data)
-        self._pos = 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._data) if size < 0 else self._pos + size
-        chunk = bytes(self._data[self._pos : end])
-        self._pos += len(chunk)
-        return chunk
-
-
 def write_archive(
     src_dir: Path,
     out: Path,
@@ -481,10 +409,10 @@ def write_archive(
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as raw:
-            _write_tar_gz(raw, src_dir, overrides or {}, skip)
+            write_tar_gz(raw, src_dir, overrides or {}, skip)
             raw.flush()
             os.fsync(raw.fileno())
-        tmp.chmod(_FILE_MODE)
+        tmp.chmod(FILE_MODE)
         tmp.replace(out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -492,17 +420,3 @@ def write_archive(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def _write_tar_gz(
-    raw: IO[bytes],
-    src_dir: Path,
-    overrides: Mapping[str, bytes],
-    skip: Callable[[str], bool] | None,
-) -> None:
-    # No file name and mtime 0 in the gzip header keep the bytes reproducible.
-    with (
-        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        _write_entries(tar, src_dir, overrides, skip)

@@ -97,7 +97,11 @@ class Runtime:
         return model
 
     def _verified_file(self, name: str, variant: ModelVariant) -> Path:
-        """The variant's file, checked to lie inside the skill and match the manifest."""
+        """The variant's file, inside the skill and matching the manifest's size and sha256.
+
+        A variant without a sha256 (a source folder before ``skill build``) is only
+        checked to exist inside the skill.
+        """
         path = (self._skill_dir / variant.path).resolve()
         if not path.is_relative_to(self._skill_dir):
             raise RuntimeBackendError(f"model {name!r}: path {variant.path!r} leaves the skill")
@@ -105,11 +109,13 @@ class Runtime:
             size = path.stat().st_size
         except OSError as exc:
             raise RuntimeBackendError(f"model {name!r}: cannot read {variant.path}: {exc}") from exc
+        if not variant.sha256:  # an unbuilt source folder: nothing to check against
+            return path
         if size != variant.size:
             raise RuntimeBackendError(
                 f"model {name!r}: {variant.path} has {size} bytes, the manifest says {variant.size}"
             )
-        if _sha256(path) != variant.sha256.lower():
+        if _sha256(path) != variant.sha256:
             raise RuntimeBackendError(f"model {name!r}: {variant.path} does not match its sha256")
         return path
 

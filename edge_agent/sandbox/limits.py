@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from edge_agent.sandbox.env import ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES, ENV_MEMORY_MB
+
 __all__ = [
     "MAX_FILE_BYTES",
     "MIN_ADDRESS_SPACE_MB",
@@ -31,10 +33,6 @@ MIN_OPEN_FILES = 64
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: Seconds between the soft CPU limit (SIGXCPU) and the hard one (SIGKILL).
 _CPU_GRACE_S = 2
-
-_ENV_MEMORY = "EDGESKILL_MEMORY_MB"
-_ENV_CPU = "EDGESKILL_CPU_SECONDS"
-_ENV_FILES = "EDGESKILL_MAX_OPEN_FILES"
 
 
 class ResourcesLike(Protocol):
@@ -85,9 +83,9 @@ class SandboxLimits:
     def to_env(self) -> dict[str, str]:
         """The variables that carry these limits into the worker."""
         return {
-            _ENV_MEMORY: str(self.memory_mb),
-            _ENV_CPU: str(self.cpu_seconds),
-            _ENV_FILES: str(self.max_open_files),
+            ENV_MEMORY_MB: str(self.memory_mb),
+            ENV_CPU_SECONDS: str(self.cpu_seconds),
+            ENV_MAX_OPEN_FILES: str(self.max_open_files),
         }
 
     @classmethod
@@ -98,7 +96,7 @@ class SandboxLimits:
             ValueError: A variable is missing or not a non-negative integer.
         """
         values = []
-        for key in (_ENV_MEMORY, _ENV_CPU, _ENV_FILES):
+        for key in (ENV_MEMORY_MB, ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES):
             raw = env.get(key, "")
             if not raw.isdigit():
                 raise ValueError(f"{key}={raw!r} is not a non-negative integer")

@@ -15,7 +15,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def decode_frame(body: bytes) -> dict[str, Any]:
     return message
 
 
-def write_frame(stream: BinaryIO, message: Mapping[str, Any]) -> None:
+def write_frame(stream: IO[bytes], message: Mapping[str, Any]) -> None:
     """Encode and write one frame, then flush.
 
     Raises:
@@ -124,7 +124,7 @@ def write_frame(stream: BinaryIO, message: Mapping[str, Any]) -> None:
     stream.flush()
 
 
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+def _read_exactly(stream: IO[bytes], size: int) -> bytes:
     data = bytearray()
     while len(data) < size:
         chunk = stream.read(size - len(data))
@@ -134,7 +134,7 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
     return bytes(data)
 
 
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
     """Read one frame; ``None`` at a clean end of stream (between frames).
 
     Raises:

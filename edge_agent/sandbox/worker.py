@@ -20,19 +20,16 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from edge_agent.runtime import Runtime
+from edge_agent.sandbox.env import ENV_CONFIG, ENV_SKILL_DIR, ENV_TARGETS
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.protocol import ProtocolError, encode_frame, read_frame
 from skills.manifest import Manifest
 from skills.sdk import Model, Skill
 
-__all__ = ["ENV_CONFIG", "ENV_SKILL_DIR", "ENV_TARGETS", "main"]
-
-ENV_SKILL_DIR = "EDGESKILL_SKILL_DIR"
-ENV_TARGETS = "EDGESKILL_TARGETS"
-ENV_CONFIG = "EDGESKILL_CONFIG"
+__all__ = ["main"]
 
 #: Characters of a traceback sent up in a ``failed`` message or an error reply.
 _MAX_ERROR_CHARS = 4000
@@ -43,7 +40,7 @@ _log = logging.getLogger("edge_agent.sandbox.worker")
 class _Channel:
     """Both ends of the pipe; writes are serialised because skills may emit from threads."""
 
-    def __init__(self, reader: BinaryIO, writer: BinaryIO) -> None:
+    def __init__(self, reader: IO[bytes], writer: IO[bytes]) -> None:
         self._reader = reader
         self._writer = writer
         self._lock = threading.Lock()
@@ -191,7 +188,9 @@ def main() -> int:
     """Run the control process; the return value is its exit status."""
     channel = _Channel.take_over_stdio()
     logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         skill = _start_skill(channel)

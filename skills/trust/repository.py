@@ -155,10 +155,7 @@ class TrustRepository:
                 targets = self._load("targets")
                 ref = TargetRef(name, length, sha256, served_path(name, sha256))
                 known = targets.signed.targets.get(name)
-                if known is not None and (known.length, known.hashes.get("sha256")) != (
-                    length,
-                    sha256,
-                ):
+                if known is not None and known.hashes.get("sha256") != sha256:
                     raise TrustError(f"target {name!r} exists with other content; it is immutable")
                 final = self._dir / ref.path
                 final.parent.mkdir(parents=True, exist_ok=True)

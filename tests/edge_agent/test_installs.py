@@ -15,6 +15,7 @@ import pytest
 
 from edge_agent.errors import InstallError
 from edge_agent.installs import MARKER, InstallStore
+from skills.bundle import build_bundle
 
 
 def make_bundle(where: Path, version: str, extra: dict[str, bytes] | None = None) -> Path:
@@ -380,3 +381,34 @@ def test_kill_during_prune_then_recover(tmp_path: Path) -> None:
     assert any("leftover" in line for line in store.recover())
     assert_clean(root)
     assert sorted(p.name for p in (root / "skills/cam").iterdir()) == ["1", "current"]
+
+
+def _real_bundle(tmp_path: Path, version: str) -> Path:
+    src = tmp_path / f"src-{version}"
+    shutil.copytree(Path(__file__).parents[2] / "skills/library/digits", src)
+    toml = src / "skill.toml"
+    toml.write_text(toml.read_text().replace('version = "1.0.0"', f'version = "{version}"'))
+    return build_bundle(src, tmp_path / "out")
+
+
+def test_default_installer_is_the_real_bundle_installer(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    store = InstallStore(root)
+    for version in ("1.0.0", "1.1.0"):
+        path = store.unpack("digits", version, _real_bundle(tmp_path, version))
+        assert f'version = "{version}"' in (path / "skill.toml").read_text()
+        store.activate("digits", version)
+    truncated = tmp_path / "truncated.skill"
+    truncated.write_bytes(_real_bundle(tmp_path, "2.0.0").read_bytes()[:200])
+    with pytest.raises(InstallError):
+        store.unpack("digits", "2.0.0", truncated)
+    assert store.recover() == []
+    current = store.current("digits")
+    assert current is not None
+    assert (current.version, current.previous) == ("1.1.0", "1.0.0")
+    assert sorted(p.name for p in (root / "skills/digits").iterdir()) == [
+        "1.0.0",
+        "1.1.0",
+        "current",
+        "previous",
+    ]

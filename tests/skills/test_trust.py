@@ -194,6 +194,9 @@ def test_expired_timestamp_is_a_freeze(tmp_path: Path) -> None:
         client.fetch_target(NAME)
     assert fetch.target_calls() == []
 
+    repo.refresh_timestamp()  # the hub resumes re-signing: the agent recovers
+    assert client.fetch_target(NAME).read_bytes() == b"v1"
+
 
 def test_redeploying_an_older_target_still_verifies(tmp_path: Path) -> None:
     repo = _hub(tmp_path)
@@ -215,6 +218,34 @@ def test_refreshed_timestamp_is_accepted(tmp_path: Path) -> None:
     repo.refresh_timestamp()
     assert _load(tmp_path / "hub", "timestamp").signed.version == before + 1
     assert client.fetch_target(NAME).read_bytes() == b"v1"
+
+
+def test_refresh_renews_a_snapshot_past_half_its_life(tmp_path: Path) -> None:
+    repo = TrustRepository.init(tmp_path / "hub", expiry_days={"snapshot": 2, "timestamp": 3})
+    _add(tmp_path, repo, NAME, b"v1")
+    hub = tmp_path / "hub"
+    soon = datetime.now(UTC) + timedelta(hours=20)
+    snapshot = _load(hub, "snapshot")
+    _link_snapshot(hub, _sign(hub, snapshot, _key(hub, "snapshot"), expires=soon), 3)
+
+    TrustRepository.open(hub).refresh_timestamp()
+    renewed = _load(hub, "snapshot").signed
+    assert renewed.version == 4
+    assert renewed.expires > datetime.now(UTC) + timedelta(hours=47)
+    timestamp = _load(hub, "timestamp").signed
+    assert timestamp.snapshot_meta.version == 4
+    assert timestamp.expires > datetime.now(UTC) + timedelta(hours=71)  # kept from init
+    client, _ = _client(tmp_path, repo)
+    assert client.fetch_target(NAME).read_bytes() == b"v1"
+
+
+@pytest.mark.parametrize(
+    "expiry", [{"snapshot": 0}, {"timestamp": 1.5}, {"mirror": 1}, {"root": 100_000}]
+)
+def test_bad_expiry_is_refused(tmp_path: Path, expiry: Any) -> None:
+    with pytest.raises(TrustError, match=r"expiry|role"):
+        TrustRepository.init(tmp_path / "hub", expiry_days=expiry)
+    assert not (tmp_path / "hub" / "metadata" / "root.json").exists()
 
 
 def test_keys_are_private_and_init_refuses_an_existing_repository(tmp_path: Path) -> None:

@@ -1,0 +1,445 @@
+"""A skill's control code in its own process, driven over a pipe.
+
+The parent keeps one reader thread per process: it files ``emit`` events in a
+bounded queue and replies in another, so every wait here has a deadline. A
+timeout, a crash or a protocol violation kills the whole process group (the
+skill may have started helpers) and reaps it; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+from edge_agent.errors import HealthCheckError, SandboxError
+from edge_agent.sandbox.env import ENV_CONFIG, ENV_SKILL_DIR, ENV_TARGETS
+from edge_agent.sandbox.limits import SandboxLimits
+from edge_agent.sandbox.protocol import encode_frame, read_frame
+
+if TYPE_CHECKING:
+    from skills.manifest import Manifest
+
+__all__ = ["SkillItemError", "SkillProcess"]
+
+_log = logging.getLogger(__name__)
+
+_WORKER_MODULE = "edge_agent.sandbox.worker"
+#: Our packages; the child finds third-party ones through its interpreter's site-packages.
+_OUR_PACKAGES = ("edge_agent", "skills", "protos")
+_MAX_CONFIG_BYTES = 64 * 1024
+_MAX_EVENTS = 1000
+_MAX_PENDING_REPLIES = 64
+_MAX_ERROR_CHARS = 4000
+_LOG_ROTATE_BYTES = 8 * 1024 * 1024
+_LOG_TAIL_BYTES = 2000
+_REAP_GRACE_S = 2.0
+_POLL_S = 0.01
+
+
+class SkillItemError(SandboxError):
+    """The skill raised on one item; its process is still healthy."""
+
+
+@dataclass(frozen=True)
+class _End:
+    """Put in the reply queue when the child's pipe closes or breaks."""
+
+    reason: str
+
+
+def _import_roots() -> list[str]:
+    """Folders that must be on the child's ``PYTHONPATH`` to import our packages."""
+    roots: list[str] = []
+    for name in _OUR_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            root = str(Path(spec.origin).resolve().parent.parent)
+            if root not in roots:
+                roots.append(root)
+    return roots
+
+
+def _encode_config(config: Mapping[str, str]) -> str:
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        raise SandboxError("skill config keys and values must be strings")
+    encoded = json.dumps(dict(config), separators=(",", ":"))
+    if len(encoded) > _MAX_CONFIG_BYTES:
+        raise SandboxError(f"skill config of {len(encoded)} bytes exceeds {_MAX_CONFIG_BYTES}")
+    return encoded
+
+
+class SkillProcess:
+    """One running instance of a skill version's control code.
+
+    Args:
+        skill_dir: The installed version's folder (holds ``skill.toml``, ``control/``).
+        manifest: The version's manifest; its ``resources`` set the limits.
+        profile_targets: The device's targets, best first, for model selection.
+        config: The skill's configuration (string to string, at most 64 KiB as JSON).
+        log_path: File the child's stderr is appended to.
+        python: The interpreter to run; this one by default.
+
+    Raises:
+        SandboxError: The configuration is not strings or is too large.
+    """
+
+    def __init__(
+        self,
+        skill_dir: Path,
+        manifest: Manifest,
+        profile_targets: Sequence[str],
+        *,
+        config: Mapping[str, str],
+        log_path: Path,
+        python: str | None = None,
+    ) -> None:
+        self._skill_dir = skill_dir.resolve()
+        self._manifest = manifest
+        self._label = f"{manifest.name} {manifest.version}"
+        self._targets = tuple(profile_targets)
+        self._config_json = _encode_config(config)
+        self._limits = SandboxLimits.from_resources(manifest.resources)
+        self._log_path = log_path
+        self._python = python or sys.executable
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._replies: queue.Queue[dict[str, Any] | _End] = queue.Queue()
+        self._events: deque[dict[str, Any]] = deque(maxlen=_MAX_EVENTS)
+        self._events_lock = threading.Lock()
+        self._request_lock = threading.Lock()
+        self._reap_lock = threading.RLock()
+        self._ended: str | None = None
+        self._next_id = 0
+        self._log_offset = 0
+        #: Events lost because the queue was full or they were not objects.
+        self.dropped_events = 0
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the control process and wait until its ``setup()`` has finished.
+
+        Raises:
+            SandboxError: This instance was started before.
+            HealthCheckError: The process could not start, ``setup()`` raised, the
+                process died, or it was not ready within ``startup_timeout_s``. The
+                message carries the skill's error or the tail of its log; the
+                process has been killed and reaped.
+        """
+        if self._proc is not None:
+            raise SandboxError(f"{self._label}: a SkillProcess starts only once")
+        self._spawn()
+        try:
+            self._await_ready()
+        except BaseException:
+            self._terminate(grace_s=0.0)
+            raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the skill to tear down and exit; kill its process group after ``timeout``.
+
+        Safe to call more than once, and on a process that already died.
+        """
+        with self._request_lock:
+            if self._proc is None or self._proc.returncode is not None:
+                return
+            if self._ended is None:
+                with contextlib.suppress(SandboxError):
+                    self._write(encode_frame({"op": "stop"}), time.monotonic() + timeout)
+            self._terminate(grace_s=timeout)
+
+    def __enter__(self) -> SkillProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process runs and its pipe works; a dead one is reaped here."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return False
+        if self._ended is not None or self._exited():
+            self._terminate(grace_s=0.0)
+            return False
+        return True
+
+    @property
+    def pid(self) -> int:
+        """The control process's id.
+
+        Raises:
+            SandboxError: The process was never started.
+        """
+        if self._proc is None:
+            raise SandboxError(f"{self._label}: not started")
+        return self._proc.pid
+
+    # -- requests ---------------------------------------------------------------------
+
+    def process(
+        self, item: Mapping[str, Any], timeout: float = 10.0
+    ) -> tuple[dict[str, Any], float]:
+        """Have the skill process one item.
+
+        Args:
+            item: A JSON-able mapping; numpy arrays are allowed.
+            timeout: Seconds to wait for the result.
+
+        Returns:
+            The skill's result and the round-trip latency in milliseconds.
+
+        Raises:
+            SkillItemError: The skill raised on this item (the process lives on).
+            SandboxError: The item cannot be encoded (nothing was sent), or the
+                process is not running, crashed, broke the protocol or did not
+                answer within ``timeout``; in those cases it has been killed.
+        """
+        with self._request_lock:
+            if self._proc is None:
+                raise SandboxError(f"{self._label}: not started")
+            self._next_id += 1
+            request_id = self._next_id
+            frame = encode_frame({"op": "process", "id": request_id, "item": dict(item)})
+            if not self.alive:
+                self._fail(f"not running ({self._ended or 'exited'})")
+            started = time.perf_counter()
+            deadline = time.monotonic() + timeout
+            self._write(frame, deadline)
+            reply = self._await_reply(request_id, deadline, timeout)
+            latency_ms = (time.perf_counter() - started) * 1000.0
+            result = reply.get("result")
+            if reply.get("ok") is True and not isinstance(result, dict):
+                self._fail("sent a reply without a result object")
+        if reply.get("ok") is not True:
+            raise SkillItemError(f"{self._label} failed on an item:\n{_clip(reply.get('error'))}")
+        assert isinstance(result, dict)  # checked above, under the lock
+        return result, latency_ms
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Take every event the skill emitted since the last call, oldest first."""
+        with self._events_lock:
+            events = list(self._events)
+            self._events.clear()
+        return events
+
+    # -- internals --------------------------------------------------------------------
+
+    def _child_env(self) -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH") or os.defpath,
+            "LANG": os.environ.get("LANG") or "C.UTF-8",
+            "HOME": str(self._skill_dir),
+            "PYTHONPATH": os.pathsep.join(_import_roots()),
+            ENV_SKILL_DIR: str(self._skill_dir),
+            ENV_TARGETS: ",".join(self._targets),
+            ENV_CONFIG: self._config_json,
+            **self._limits.to_env(),
+        }
+
+    def _open_log(self) -> IO[bytes]:
+        try:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self._log_path.exists() and self._log_path.stat().st_size > _LOG_ROTATE_BYTES:
+                self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
+            log = self._log_path.open("ab")
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            log.write(f"--- {stamp} starting {self._label}\n".encode())
+            log.flush()
+            self._log_offset = log.tell()
+        except OSError as exc:
+            raise HealthCheckError(
+                f"{self._label}: cannot open log {self._log_path}: {exc}"
+            ) from exc
+        return log
+
+    def _spawn(self) -> None:
+        command = [self._python, "-s", "-B", "-P", "-m", _WORKER_MODULE]
+        log = self._open_log()
+        try:
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=self._skill_dir,
+                env=self._child_env(),
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        except OSError as exc:
+            raise HealthCheckError(f"{self._label}: cannot start: {exc}") from exc
+        finally:
+            log.close()  # the child has its own copy
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        os.set_blocking(self._proc.stdin.fileno(), False)  # writes honour deadlines
+        self._reader = threading.Thread(
+            target=self._read_loop,
+            args=(self._proc.stdout,),
+            name=f"skill-reader-{self._manifest.name}",
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _await_ready(self) -> None:
+        timeout = self._manifest.resources.startup_timeout_s
+        try:
+            message = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            self._terminate(grace_s=0.0)
+            raise HealthCheckError(
+                f"{self._label} was not ready within {timeout:g} s{self._log_tail()}"
+            ) from None
+        if isinstance(message, dict) and message.get("op") == "ready":
+            return
+        if isinstance(message, dict) and message.get("op") == "failed":
+            self._terminate(grace_s=_REAP_GRACE_S)
+            raise HealthCheckError(f"{self._label} setup failed:\n{_clip(message.get('error'))}")
+        reason = message.reason if isinstance(message, _End) else "sent an unexpected message"
+        self._terminate(grace_s=0.0)
+        raise HealthCheckError(
+            f"{self._label} died before it was ready ({reason}; exit code "
+            f"{self._exit_code()}){self._log_tail()}"
+        )
+
+    def _read_loop(self, stream: IO[bytes]) -> None:
+        """Runs in the reader thread until the pipe ends; never raises."""
+        try:
+            while (message := read_frame(stream)) is not None:
+                if message.get("op") == "emit":
+                    self._add_event(message.get("event"))
+                elif self._replies.qsize() >= _MAX_PENDING_REPLIES:
+                    reason = "flooded the pipe with unrequested replies"
+                    break
+                else:
+                    self._replies.put(message)
+            else:
+                reason = "closed its pipe"
+        except Exception as exc:  # a thread must not die with an exception
+            reason = f"broke the pipe protocol: {exc}"
+        self._ended = reason
+        self._replies.put(_End(reason))
+
+    def _add_event(self, event: object) -> None:
+        with self._events_lock:
+            if not isinstance(event, dict) or len(self._events) == _MAX_EVENTS:
+                self.dropped_events += 1
+            if isinstance(event, dict):
+                self._events.append(event)
+
+    def _write(self, frame: bytes, deadline: float) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        fd = self._proc.stdin.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        view = memoryview(frame)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._fail("did not read its input in time")
+            if not poller.poll(remaining * 1000.0):
+                continue
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                self._fail(f"pipe broke: {exc}")
+            view = view[written:]
+
+    def _await_reply(self, request_id: int, deadline: float, timeout: float) -> dict[str, Any]:
+        while True:
+            try:
+                message = self._replies.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                self._fail(f"gave no reply within {timeout:g} s")
+            if isinstance(message, _End):
+                self._fail(message.reason)
+            if message.get("id") == request_id:
+                return message
+            # Anything else (a stray "ready", a reply to nobody) is ignored.
+
+    def _exited(self) -> bool:
+        """Whether the child has exited, without reaping it (so its group id stays ours)."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def _terminate(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for the child to exit, kill its group, reap, close pipes."""
+        with self._reap_lock:
+            proc = self._proc
+            if proc is None or proc.returncode is not None:
+                return
+            deadline = time.monotonic() + grace_s
+            while not self._exited() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+            # The leader is not reaped yet, so its pid still names our group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if self._ended is None:
+                self._ended = f"stopped (exit code {proc.returncode})"
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            if self._reader is not None:  # the pipe is at EOF now: the group is gone
+                self._reader.join(timeout=_REAP_GRACE_S)
+            if proc.stdout is not None and (self._reader is None or not self._reader.is_alive()):
+                proc.stdout.close()
+
+    def _fail(self, reason: str) -> NoReturn:
+        self._terminate(grace_s=0.0)
+        raise SandboxError(
+            f"{self._label} {reason}; the process was stopped (exit code "
+            f"{self._exit_code()}){self._log_tail()}"
+        )
+
+    def _exit_code(self) -> str:
+        code = self._proc.returncode if self._proc is not None else None
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"{code}, {signal.Signals(-code).name}"
+        return str(code)
+
+    def _log_tail(self) -> str:
+        try:
+            with self._log_path.open("rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_offset, size - _LOG_TAIL_BYTES))
+                tail = log.read(_LOG_TAIL_BYTES).decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+        return f"\n--- log tail ---\n{tail}" if tail else ""
+
+
+def _clip(text: object) -> str:
+    value = str(text)
+    return value if len(value) <= _MAX_ERROR_CHARS else "…" + value[-_MAX_ERROR_CHARS:]
