@@ -90,7 +90,11 @@ def split_dataset(
             x, y, test_size=rest, stratify=y, random_state=seed
         )
         x_val, x_test, y_val, y_test = train_test_split(
-            x_rest, y_rest, test_size=round(len(y_rest) * test / rest), stratify=y_rest, random_state=seed
+            x_rest,
+            y_rest,
+            test_size=round(len(y_rest) * test / rest),
+            stratify=y_rest,
+            random_state=seed,
         )
     except ValueError as exc:
         raise DatasetError(f"cannot split the data set: {exc}") from exc
@@ -159,20 +163,14 @@ class DigitsCNN(nn.Module):
         self.in_channels = in_channels
         self.num_classes = num_classes
         self.upsample = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.conv1 = nn.Conv2d(in_channels, conv1, 3, padding=1)
+        self.conv2 = nn.Conv2d(conv1, conv2, 3, padding=1)
+        self.fc1 = nn.Linear(conv2 * 4 * 4, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, conv1, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(conv1, conv2, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
+            self.conv1, nn.ReLU(), nn.MaxPool2d(2), self.conv2, nn.ReLU(), nn.MaxPool2d(2)
         )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(conv2 * 4 * 4, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, num_classes),
-        )
+        self.classifier = nn.Sequential(nn.Flatten(), self.fc1, nn.ReLU(), self.fc2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return logits ``[N, num_classes]`` for images ``[N, C, 8, 8]`` in ``[0, 1]``."""

@@ -19,3 +19,7 @@ class DatasetError(ConverterError):
 
 class TrainingError(ConverterError):
     """A training job failed."""
+
+
+class CompressionError(ConverterError):
+    """A compression step (quantisation, pruning, distillation) was asked for something it cannot do."""

@@ -16,6 +16,7 @@ from torch import nn
 
 __all__ = [
     "DEFAULT_BLOCKS",
+    "ConvBN",
     "MobileNet",
     "MobileNetConfig",
     "SeparableBlock",
@@ -62,12 +63,21 @@ class MobileNetConfig:
         return cls(stem=stem, blocks=blocks, **kwargs)  # type: ignore[arg-type]
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
+class ConvBN(nn.Module):
+    """Convolution (no bias), batch norm, ReLU."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> None:
+        """Build the layer; ``groups == cin`` makes it depthwise."""
+        super().__init__()
+        self.conv = nn.Conv2d(
+            cin, cout, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False
+        )
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the layer."""
+        return self.act(self.bn(self.conv(x)))
 
 
 class SeparableBlock(nn.Module):
@@ -82,8 +92,8 @@ class SeparableBlock(nn.Module):
             stride: Stride of the depthwise convolution.
         """
         super().__init__()
-        self.depthwise = _conv_bn(cin, cin, 3, stride, groups=cin)
-        self.pointwise = _conv_bn(cin, cout, 1, 1)
+        self.depthwise = ConvBN(cin, cin, 3, stride, groups=cin)
+        self.pointwise = ConvBN(cin, cout, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the block."""
@@ -103,13 +113,14 @@ class MobileNet(nn.Module):
         self.config = config or MobileNetConfig()
         cfg = self.config
         self.resize = nn.Upsample(size=(cfg.resize_to, cfg.resize_to), mode="bilinear")
-        self.stem = _conv_bn(cfg.in_channels, cfg.stem, 3, 1)
-        blocks: list[nn.Module] = []
+        self.stem = ConvBN(cfg.in_channels, cfg.stem, 3, 1)
+        blocks: list[SeparableBlock] = []
         cin = cfg.stem
         for cout, stride in cfg.blocks:
             blocks.append(SeparableBlock(cin, cout, stride))
             cin = cout
         self.blocks = nn.Sequential(*blocks)
+        self.separable: tuple[SeparableBlock, ...] = tuple(blocks)  # typed view of ``blocks``
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(0.1)
         self.head = nn.Linear(cin, cfg.num_classes)

@@ -1,8 +1,21 @@
-"""Names of the ``EDGESKILL_*`` variables that carry settings into the control process.
+"""The control process's environment: built from scratch, never inherited.
 
-Kept apart from the worker so the parent can name them without importing the
-worker module (``python -m`` warns when its module is already imported).
+Only ``PATH``, ``LANG``, ``HOME`` (the skill's folder), a ``PYTHONPATH`` that
+finds our packages, and ``EDGESKILL_*`` settings cross over, so the agent's own
+secrets (hub tokens, cloud keys) never reach a bundle author's code. The names
+live here, apart from the worker, so the parent can use them without importing
+the worker module (``python -m`` warns when its module is already imported).
 """
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from edge_agent.errors import SandboxError
 
 __all__ = [
     "ENV_CONFIG",
@@ -11,6 +24,9 @@ __all__ = [
     "ENV_MEMORY_MB",
     "ENV_SKILL_DIR",
     "ENV_TARGETS",
+    "MAX_CONFIG_BYTES",
+    "child_environment",
+    "encode_config",
 ]
 
 ENV_SKILL_DIR = "EDGESKILL_SKILL_DIR"
@@ -19,3 +35,64 @@ ENV_CONFIG = "EDGESKILL_CONFIG"
 ENV_MEMORY_MB = "EDGESKILL_MEMORY_MB"
 ENV_CPU_SECONDS = "EDGESKILL_CPU_SECONDS"
 ENV_MAX_OPEN_FILES = "EDGESKILL_MAX_OPEN_FILES"
+
+#: The skill's configuration as JSON; one environment string holds at most 128 KiB.
+MAX_CONFIG_BYTES = 64 * 1024
+#: Our packages; the child finds third-party ones through its interpreter's site-packages.
+_OUR_PACKAGES = ("edge_agent", "skills", "protos")
+
+
+def encode_config(config: Mapping[str, str]) -> str:
+    """The configuration as compact JSON for :data:`ENV_CONFIG`.
+
+    Raises:
+        SandboxError: A key or value is not a string, or the JSON exceeds
+            :data:`MAX_CONFIG_BYTES`.
+    """
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        raise SandboxError("skill config keys and values must be strings")
+    encoded = json.dumps(dict(config), separators=(",", ":"))
+    if len(encoded) > MAX_CONFIG_BYTES:
+        raise SandboxError(f"skill config of {len(encoded)} bytes exceeds {MAX_CONFIG_BYTES}")
+    return encoded
+
+
+def _import_roots() -> list[str]:
+    """Folders that must be on the child's ``PYTHONPATH`` to import our packages."""
+    roots: list[str] = []
+    for name in _OUR_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            root = str(Path(spec.origin).resolve().parent.parent)
+            if root not in roots:
+                roots.append(root)
+    return roots
+
+
+def child_environment(
+    skill_dir: Path,
+    targets: Sequence[str],
+    config_json: str,
+    limits: Mapping[str, str],
+) -> dict[str, str]:
+    """The complete environment of a control process.
+
+    Args:
+        skill_dir: The skill's folder, also its ``HOME``.
+        targets: The device's targets, best first.
+        config_json: The output of :func:`encode_config`.
+        limits: ``EDGESKILL_*`` limit variables (``SandboxLimits.to_env()``).
+
+    Returns:
+        The variables, and nothing inherited beyond ``PATH`` and ``LANG``.
+    """
+    return {
+        "PATH": os.environ.get("PATH") or os.defpath,
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+        "HOME": str(skill_dir),
+        "PYTHONPATH": os.pathsep.join(_import_roots()),
+        ENV_SKILL_DIR: str(skill_dir),
+        ENV_TARGETS: ",".join(targets),
+        ENV_CONFIG: config_json,
+        **limits,
+    }

@@ -60,7 +60,8 @@ class SandboxLimits:
 
     Attributes:
         memory_mb: Address-space limit, MiB (already raised to the floor).
-        cpu_seconds: CPU-time limit in seconds; 0 for none.
+        cpu_seconds: CPU-time limit in seconds, counted from the process's start
+            (interpreter and library imports take a few tenths); 0 for none.
         max_open_files: File-descriptor limit.
     """
 

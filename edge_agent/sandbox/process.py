@@ -9,9 +9,6 @@ skill may have started helpers) and reaps it; nothing is left running.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import json
-import logging
 import os
 import queue
 import select
@@ -28,8 +25,9 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from edge_agent.errors import HealthCheckError, SandboxError
-from edge_agent.sandbox.env import ENV_CONFIG, ENV_SKILL_DIR, ENV_TARGETS
+from edge_agent.sandbox.env import child_environment, encode_config
 from edge_agent.sandbox.limits import SandboxLimits
+from edge_agent.sandbox.logfile import SkillLog
 from edge_agent.sandbox.protocol import encode_frame, read_frame
 
 if TYPE_CHECKING:
@@ -37,17 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = ["SkillItemError", "SkillProcess"]
 
-_log = logging.getLogger(__name__)
-
 _WORKER_MODULE = "edge_agent.sandbox.worker"
-#: Our packages; the child finds third-party ones through its interpreter's site-packages.
-_OUR_PACKAGES = ("edge_agent", "skills", "protos")
-_MAX_CONFIG_BYTES = 64 * 1024
 _MAX_EVENTS = 1000
 _MAX_PENDING_REPLIES = 64
 _MAX_ERROR_CHARS = 4000
-_LOG_ROTATE_BYTES = 8 * 1024 * 1024
-_LOG_TAIL_BYTES = 2000
 _REAP_GRACE_S = 2.0
 _POLL_S = 0.01
 
@@ -61,27 +52,6 @@ class _End:
     """Put in the reply queue when the child's pipe closes or breaks."""
 
     reason: str
-
-
-def _import_roots() -> list[str]:
-    """Folders that must be on the child's ``PYTHONPATH`` to import our packages."""
-    roots: list[str] = []
-    for name in _OUR_PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin:
-            root = str(Path(spec.origin).resolve().parent.parent)
-            if root not in roots:
-                roots.append(root)
-    return roots
-
-
-def _encode_config(config: Mapping[str, str]) -> str:
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
-        raise SandboxError("skill config keys and values must be strings")
-    encoded = json.dumps(dict(config), separators=(",", ":"))
-    if len(encoded) > _MAX_CONFIG_BYTES:
-        raise SandboxError(f"skill config of {len(encoded)} bytes exceeds {_MAX_CONFIG_BYTES}")
-    return encoded
 
 
 class SkillProcess:
@@ -113,9 +83,9 @@ class SkillProcess:
         self._manifest = manifest
         self._label = f"{manifest.name} {manifest.version}"
         self._targets = tuple(profile_targets)
-        self._config_json = _encode_config(config)
+        self._config_json = encode_config(config)
         self._limits = SandboxLimits.from_resources(manifest.resources)
-        self._log_path = log_path
+        self._log = SkillLog(log_path)
         self._python = python or sys.executable
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -126,7 +96,6 @@ class SkillProcess:
         self._reap_lock = threading.RLock()
         self._ended: str | None = None
         self._next_id = 0
-        self._log_offset = 0
         #: Events lost because the queue was full or they were not objects.
         self.dropped_events = 0
 
@@ -248,37 +217,12 @@ class SkillProcess:
 
     # -- internals --------------------------------------------------------------------
 
-    def _child_env(self) -> dict[str, str]:
-        return {
-            "PATH": os.environ.get("PATH") or os.defpath,
-            "LANG": os.environ.get("LANG") or "C.UTF-8",
-            "HOME": str(self._skill_dir),
-            "PYTHONPATH": os.pathsep.join(_import_roots()),
-            ENV_SKILL_DIR: str(self._skill_dir),
-            ENV_TARGETS: ",".join(self._targets),
-            ENV_CONFIG: self._config_json,
-            **self._limits.to_env(),
-        }
-
-    def _open_log(self) -> IO[bytes]:
-        try:
-            self._log_path.parent.mkdir(parents=True, exist_ok=True)
-            if self._log_path.exists() and self._log_path.stat().st_size > _LOG_ROTATE_BYTES:
-                self._log_path.replace(self._log_path.with_name(self._log_path.name + ".1"))
-            log = self._log_path.open("ab")
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            log.write(f"--- {stamp} starting {self._label}\n".encode())
-            log.flush()
-            self._log_offset = log.tell()
-        except OSError as exc:
-            raise HealthCheckError(
-                f"{self._label}: cannot open log {self._log_path}: {exc}"
-            ) from exc
-        return log
-
     def _spawn(self) -> None:
         command = [self._python, "-s", "-B", "-P", "-m", _WORKER_MODULE]
-        log = self._open_log()
+        try:
+            log = self._log.open_for_run(self._label)
+        except OSError as exc:
+            raise HealthCheckError(f"{self._label}: cannot open its log: {exc}") from exc
         try:
             self._proc = subprocess.Popen(
                 command,
@@ -286,7 +230,9 @@ class SkillProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 cwd=self._skill_dir,
-                env=self._child_env(),
+                env=child_environment(
+                    self._skill_dir, self._targets, self._config_json, self._limits.to_env()
+                ),
                 start_new_session=True,  # its own process group, killed as a whole
             )
         except OSError as exc:
@@ -310,7 +256,7 @@ class SkillProcess:
         except queue.Empty:
             self._terminate(grace_s=0.0)
             raise HealthCheckError(
-                f"{self._label} was not ready within {timeout:g} s{self._log_tail()}"
+                f"{self._label} was not ready within {timeout:g} s{self._log.tail()}"
             ) from None
         if isinstance(message, dict) and message.get("op") == "ready":
             return
@@ -321,7 +267,7 @@ class SkillProcess:
         self._terminate(grace_s=0.0)
         raise HealthCheckError(
             f"{self._label} died before it was ready ({reason}; exit code "
-            f"{self._exit_code()}){self._log_tail()}"
+            f"{self._exit_code()}){self._log.tail()}"
         )
 
     def _read_loop(self, stream: IO[bytes]) -> None:
@@ -419,7 +365,7 @@ class SkillProcess:
         self._terminate(grace_s=0.0)
         raise SandboxError(
             f"{self._label} {reason}; the process was stopped (exit code "
-            f"{self._exit_code()}){self._log_tail()}"
+            f"{self._exit_code()}){self._log.tail()}"
         )
 
     def _exit_code(self) -> str:
@@ -428,16 +374,6 @@ class SkillProcess:
             with contextlib.suppress(ValueError):
                 return f"{code}, {signal.Signals(-code).name}"
         return str(code)
-
-    def _log_tail(self) -> str:
-        try:
-            with self._log_path.open("rb") as log:
-                size = log.seek(0, os.SEEK_END)
-                log.seek(max(self._log_offset, size - _LOG_TAIL_BYTES))
-                tail = log.read(_LOG_TAIL_BYTES).decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
-        return f"\n--- log tail ---\n{tail}" if tail else ""
 
 
 def _clip(text: object) -> str:

@@ -295,7 +295,7 @@ def test_a_slow_item_times_out_and_the_process_is_killed(tmp_path: Path) -> None
 
 def test_cpu_limit_kills_a_spinning_skill(tmp_path: Path) -> None:
     with (
-        probe(tmp_path, cpu_seconds=1) as proc,
+        probe(tmp_path, cpu_seconds=2) as proc,  # startup spends ~0.4 s of it
         pytest.raises(SandboxError, match=r"SIGXCPU|SIGKILL"),
     ):
         proc.process({"op": "spin"}, timeout=20)
