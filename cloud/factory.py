@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from skills.bundle import build_bundle
 
 from converters.digits import DigitsData, load_digits_data, train_digits
 from converters.onnx_export import check_onnx, export_onnx
+from skills.bundle import build_bundle
 from skills.manifest import Manifest, ModelVariant
 
 LIBRARY = Path(__file__).resolve().parent.parent / "skills" / "library"

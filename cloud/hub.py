@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
-from skills.bundle import read_manifest
 
 from cloud.errors import ConflictError, HubError
 from cloud.grpc_server import start_grpc_server
 from cloud.hubcore import HubCore
 from cloud.store import SkillVersionRecord, Store, open_store
 from protos.envelope import now_ms
+from skills.bundle import read_manifest
 from skills.trust import TrustRepository
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import BinaryIO
@@ -178,7 +178,9 @@ class HubCore:
         """Count a message the hub refused."""
         self.dropped[reason] += 1
 
-    def open_fetch(self, path: str, offset: int, max_bytes: int) -> tuple[int, Iterator[bytes]]:
+    def open_fetch(
+        self, path: str, offset: int, max_bytes: int
+    ) -> tuple[int, Generator[bytes, None, None]]:
         """Open a repository file for a chunked fetch from ``offset``.
 
         Returns:
@@ -208,7 +210,7 @@ class HubCore:
         return size, _chunks(fh, self.limits.chunk_bytes)
 
 
-def _chunks(fh: BinaryIO, size: int) -> Iterator[bytes]:
+def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:
     with fh:
         while chunk := fh.read(size):
             yield chunk

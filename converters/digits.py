@@ -167,14 +167,13 @@ class DigitsCNN(nn.Module):
         self.conv2 = nn.Conv2d(conv1, conv2, 3, padding=1)
         self.fc1 = nn.Linear(conv2 * 4 * 4, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
-        self.features = nn.Sequential(
-            self.conv1, nn.ReLU(), nn.MaxPool2d(2), self.conv2, nn.ReLU(), nn.MaxPool2d(2)
-        )
-        self.classifier = nn.Sequential(nn.Flatten(), self.fc1, nn.ReLU(), self.fc2)
+        self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return logits ``[N, num_classes]`` for images ``[N, C, 8, 8]`` in ``[0, 1]``."""
-        return self.classifier(self.features(self.upsample(x)))
+        x = self.pool(torch.relu(self.conv1(self.upsample(x))))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
 
 
 def evaluate_accuracy(model: nn.Module, split: Split) -> float:

@@ -22,4 +22,4 @@ class TrainingError(ConverterError):
 
 
 class CompressionError(ConverterError):
-    """A compression step (quantisation, pruning, distillation) was asked for something it cannot do."""
+    """A compression step (quantisation, pruning, distillation) got options it cannot honour."""

@@ -122,5 +122,6 @@ def load_model(path: Path) -> nn.Module:
     try:
         model.load_state_dict(blob["state"])
     except (RuntimeError, KeyError, TypeError) as exc:
-        raise ConversionError(f"weights in {path.name} do not fit its layout: {exc}") from exc
+        detail = str(exc)[:300]
+        raise ConversionError(f"weights in {path.name} do not fit its layout: {detail}") from exc
     return model.eval()

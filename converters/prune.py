@@ -16,7 +16,7 @@ from torch import nn
 from converters.digits import DigitsCNN, DigitsData
 from converters.errors import CompressionError
 from converters.fit import EpochMetrics, TrainConfig, fit
-from converters.mobilenet import MobileNet, MobileNetConfig, count_parameters
+from converters.mobilenet import ConvBN, MobileNet, MobileNetConfig, count_parameters
 
 __all__ = ["DEFAULT_FINETUNE", "PruneResult", "channel_prune", "magnitude_prune"]
 
@@ -148,36 +148,36 @@ def _bn_scale(bn: nn.BatchNorm2d) -> torch.Tensor:
 
 
 def _copy_conv_bn(
-    src: nn.Sequential, dst: nn.Sequential, out_idx: torch.Tensor, in_idx: torch.Tensor | None
+    src: ConvBN, dst: ConvBN, out_idx: torch.Tensor, in_idx: torch.Tensor | None
 ) -> None:
-    """Copy a conv + batch-norm pair, keeping output channels ``out_idx`` (and inputs ``in_idx``)."""
-    conv_src, bn_src = src[0], src[1]
-    conv_dst, bn_dst = dst[0], dst[1]
-    weight = conv_src.weight.detach()[out_idx]
+    """Copy a conv + batch norm, keeping output channels ``out_idx`` (and inputs ``in_idx``)."""
+    weight = src.conv.weight.detach()[out_idx]
     if in_idx is not None:
         weight = weight[:, in_idx]
-    conv_dst.weight.copy_(weight)
+    dst.conv.weight.copy_(weight)
     for name in ("weight", "bias", "running_mean", "running_var"):
-        getattr(bn_dst, name).copy_(getattr(bn_src, name).detach()[out_idx])
+        getattr(dst.bn, name).copy_(getattr(src.bn, name).detach()[out_idx])
+
+
+def _importance(layer: ConvBN) -> torch.Tensor:
+    return _filter_l1(layer.conv) * _bn_scale(layer.bn)
 
 
 @torch.no_grad()
 def _prune_mobilenet(model: MobileNet, keep: float) -> MobileNet:
     cfg = model.config
-    stem_idx = _top(_filter_l1(model.stem[0]) * _bn_scale(model.stem[1]), keep)
-    kept = [stem_idx]
-    for block in model.blocks:
-        kept.append(_top(_filter_l1(block.pointwise[0]) * _bn_scale(block.pointwise[1]), keep))
+    kept = [_top(_importance(model.stem), keep)]
+    kept += [_top(_importance(block.pointwise), keep) for block in model.separable]
     new_cfg = MobileNetConfig(
-        stem=len(stem_idx),
+        stem=len(kept[0]),
         blocks=tuple((len(idx), s) for idx, (_, s) in zip(kept[1:], cfg.blocks, strict=True)),
         in_channels=cfg.in_channels,
         num_classes=cfg.num_classes,
         resize_to=cfg.resize_to,
     )
     new = MobileNet(new_cfg)
-    _copy_conv_bn(model.stem, new.stem, stem_idx, None)
-    for i, (old_block, new_block) in enumerate(zip(model.blocks, new.blocks, strict=True)):
+    _copy_conv_bn(model.stem, new.stem, kept[0], None)
+    for i, (old_block, new_block) in enumerate(zip(model.separable, new.separable, strict=True)):
         _copy_conv_bn(old_block.depthwise, new_block.depthwise, kept[i], None)
         _copy_conv_bn(old_block.pointwise, new_block.pointwise, kept[i + 1], kept[i])
     new.head.weight.copy_(model.head.weight.detach()[:, kept[-1]])
@@ -187,9 +187,9 @@ def _prune_mobilenet(model: MobileNet, keep: float) -> MobileNet:
 
 @torch.no_grad()
 def _prune_digits_cnn(model: DigitsCNN, keep: float) -> DigitsCNN:
-    conv1, conv2 = model.features[0], model.features[3]
-    fc1, fc2 = model.classifier[1], model.classifier[3]
-    idx1, idx2, idx_h = (_top(_filter_l1(layer), keep) for layer in (conv1, conv2, fc1))
+    idx1, idx2, idx_h = (
+        _top(_filter_l1(layer), keep) for layer in (model.conv1, model.conv2, model.fc1)
+    )
     new = DigitsCNN(
         len(idx1),
         len(idx2),
@@ -197,16 +197,20 @@ def _prune_digits_cnn(model: DigitsCNN, keep: float) -> DigitsCNN:
         in_channels=model.in_channels,
         num_classes=model.num_classes,
     )
-    spatial = fc1.in_features // conv2.out_channels  # flattened features per channel (4x4)
+    spatial = model.fc1.in_features // model.conv2.out_channels  # flattened features per channel
     columns = (idx2[:, None] * spatial + torch.arange(spatial)).flatten()
-    new_conv1, new_conv2 = new.features[0], new.features[3]
-    new_fc1, new_fc2 = new.classifier[1], new.classifier[3]
-    new_conv1.weight.copy_(conv1.weight[idx1])
-    new_conv1.bias.copy_(conv1.bias[idx1])
-    new_conv2.weight.copy_(conv2.weight[idx2][:, idx1])
-    new_conv2.bias.copy_(conv2.bias[idx2])
-    new_fc1.weight.copy_(fc1.weight[idx_h][:, columns])
-    new_fc1.bias.copy_(fc1.bias[idx_h])
-    new_fc2.weight.copy_(fc2.weight[:, idx_h])
-    new_fc2.bias.copy_(fc2.bias)
+    new.conv1.weight.copy_(model.conv1.weight[idx1])
+    _copy_bias(model.conv1, new.conv1, idx1)
+    new.conv2.weight.copy_(model.conv2.weight[idx2][:, idx1])
+    _copy_bias(model.conv2, new.conv2, idx2)
+    new.fc1.weight.copy_(model.fc1.weight[idx_h][:, columns])
+    new.fc1.bias.copy_(model.fc1.bias[idx_h])
+    new.fc2.weight.copy_(model.fc2.weight[:, idx_h])
+    new.fc2.bias.copy_(model.fc2.bias)
     return new
+
+
+def _copy_bias(src: nn.Conv2d, dst: nn.Conv2d, idx: torch.Tensor) -> None:
+    if src.bias is None or dst.bias is None:
+        raise CompressionError("expected convolutions with a bias")
+    dst.bias.copy_(src.bias.detach()[idx])

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from edge_agent import __version__
 from edge_agent.config import AgentConfig
@@ -62,6 +63,7 @@ class Agent:
         self._started = time.monotonic()
         self._in_flight: dict[str, float] = {}
         self.windows: dict[tuple[str, str], WindowStats] = {}
+        self._seq = _read_int(state / "telemetry.seq")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set."""
@@ -69,7 +71,7 @@ class Agent:
         cleaned = await asyncio.to_thread(self.installs.recover)
         if cleaned:
             log.info("recovered from an interrupted install: %s", ", ".join(cleaned))
-        modules: list[Callable[[], Awaitable[None]]] = [
+        modules: list[Callable[[], Coroutine[Any, Any, None]]] = [
             self._session,
             self._reconcile_loop,
             self._flush_loop,
@@ -242,12 +244,15 @@ class Agent:
         source = await asyncio.to_thread(ReplaySource.load, self.config.source)
         done: set[tuple[str, str]] = set()
         while True:
+            fed = False
             for name, proc in self.reconciler.running().items():
                 key = (name, self.reconciler.version_of(name))
-                if key not in done:
+                if key not in done or self.config.source_loop:
                     await self._feed(key, proc, source)
                     done.add(key)
-            await asyncio.sleep(0.2)
+                    fed = True
+            if not fed:
+                await asyncio.sleep(0.2)
 
     async def _feed(self, key: tuple[str, str], proc: object, source: ReplaySource) -> None:
         started = time.monotonic()
@@ -272,7 +277,24 @@ class Agent:
         for stats in windows.values():
             if stats.inferences:
                 msg = stats.to_message(dropped=self.outbox.take_dropped())
+                # A per-device sequence number lets the hub (and tests) see gaps and repeats.
+                self._seq += 1
+                _write_int(self.config.state_dir / "telemetry.seq", self._seq)
+                msg.metrics["seq"] = float(self._seq)
                 self.enqueue(make_envelope(self.config.device_id, telemetry=msg))
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text(encoding="ascii").strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _write_int(path: Path, value: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(value), encoding="ascii")
+    tmp.replace(path)
 
 
 def _load_desired(path: Path) -> pb.DesiredState | None:

@@ -21,6 +21,7 @@ class AgentConfig:
             the hub's first root on first use (and says so in its log).
         source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running skill.
         source_rate_hz: items per second the source feeds, per skill.
+        source_loop: replay the source forever instead of once per skill version.
         telemetry_window_s: how often inference counters are sent up.
         reconcile_interval_s: a full reconcile runs at least this often.
         max_backoff_s: longest wait between reconnect attempts.
@@ -34,6 +35,7 @@ class AgentConfig:
     trusted_root: Path | None = None
     source: Path | None = None
     source_rate_hz: float = 200.0
+    source_loop: bool = False
     telemetry_window_s: float = 2.0
     reconcile_interval_s: float = 5.0
     max_backoff_s: float = 5.0

@@ -141,6 +141,8 @@ def agent_run(
     source: Annotated[
         Path | None, typer.Option(help="Replay file (.npz with x, y) to feed skills.")
     ] = None,
+    source_loop: Annotated[bool, typer.Option(help="Replay the source forever.")] = False,
+    source_rate: Annotated[float, typer.Option(help="Source items per second per skill.")] = 200.0,
     telemetry_window: Annotated[float, typer.Option(help="Seconds per telemetry window.")] = 2.0,
     verbose: bool = False,
 ) -> None:
@@ -161,6 +163,8 @@ def agent_run(
         board=board,
         trusted_root=trusted_root,
         source=source,
+        source_loop=source_loop,
+        source_rate_hz=source_rate,
         telemetry_window_s=telemetry_window,
     )
     _run_until_signal(Agent(config).run)
@@ -178,7 +182,6 @@ def skill_build(
 ) -> None:
     """Build a deterministic .skill bundle from a source folder."""
     from skills.bundle import build_bundle  # noqa: PLC0415
-
     from skills.errors import SkillError  # noqa: PLC0415
 
     try:
