@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+# Tables stay readable when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
 app = typer.Typer(
     help="EdgeSkill: train, sign and roll out AI skills to edge device fleets.",
     no_args_is_help=True,

@@ -136,7 +136,10 @@ def run_demo(
     if keep and workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="edgeskill-demo-"))
     with _workdir(workdir) as work:
-        return _demo(console, work, keep=keep, transport=transport)
+        status = _demo(console, work, keep=keep, transport=transport)
+        if workdir is not None:
+            console.print(f"state and logs in {work}")
+        return status
 
 
 def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
@@ -171,7 +174,7 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
         console.print("deployed digits 1.0.0 to group cameras (kind=camera)")
         _wait_for_inferences(console, hub, ["cam-1", "cam-2"], count)
         ok = _print_table(console, hub, count)
-        console.print(f"demo finished in {time.monotonic() - started:.1f} s; state in {work}")
+        console.print(f"demo finished in {time.monotonic() - started:.1f} s")
         if keep:
             console.print(f"--keep: hub at {hub_url}, agents running; logs in {work / 'logs'}")
             fleet.procs.clear()

@@ -1,0 +1,109 @@
+"""The hub's transport-independent message handling, over a real SQLite store and TUF repository."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cloud.hubcore import HubCore
+from cloud.store import open_store
+from protos import ProtocolError, kind_of, make_envelope, pb
+from skills.trust import TrustRepository
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> HubCore:
+    store = open_store(f"sqlite:///{tmp_path / 'hub.db'}")
+    trust = TrustRepository.init(tmp_path / "trust")
+    blob = tmp_path / "blob.skill"
+    blob.write_bytes(bytes(range(256)) * 1000)
+    trust.add_target("demo/blob.skill", blob)
+    return HubCore(store, trust)
+
+
+def register(device_id: str, **labels: str) -> pb.Envelope:
+    return make_envelope(device_id, register=pb.Register(labels=labels, profile=pb.HardwareProfile(arch="x86_64")))
+
+
+def telemetry(device_id: str, n: int = 5) -> pb.Envelope:
+    return make_envelope(device_id, telemetry=pb.Telemetry(skill="digits", version="1.0.0", inferences=n))
+
+
+def test_register_answers_welcome_and_desired_state(core: HubCore) -> None:
+    replies = asyncio.run(core.register(register("cam-1", kind="camera")))
+    assert [kind_of(r) for r in replies] == ["welcome", "desired"]
+    device = core.store.get_device("cam-1")
+    assert device is not None and device.labels == {"kind": "camera"} and device.online
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        make_envelope("cam-1", heartbeat=pb.Heartbeat()),
+        register("../etc"),
+        register("cam-1", **{"bad key!": "x"}),
+    ],
+)
+def test_bad_register_is_refused_and_stores_nothing(core: HubCore, env: pb.Envelope) -> None:
+    with pytest.raises(ProtocolError):
+        asyncio.run(core.register(env))
+    assert core.store.list_devices() == []
+
+
+def test_telemetry_is_acked_and_stored_once(core: HubCore) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    env = telemetry("cam-1")
+    for _ in range(3):  # redelivery after a lost ack
+        (ack,) = asyncio.run(core.handle("cam-1", env))
+        assert list(ack.ack.ids) == [env.id]
+    assert len(core.store.telemetry_for("cam-1")) == 1
+
+
+def test_a_device_cannot_speak_for_another(core: HubCore) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    asyncio.run(core.register(register("cam-2")))
+    with pytest.raises(ProtocolError, match="as 'cam-2'"):
+        asyncio.run(core.handle("cam-1", telemetry("cam-2")))
+    assert core.store.telemetry_for() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"telemetry": pb.Telemetry(skill="s", inferences=1, labelled=2)},
+        {"telemetry": pb.Telemetry(skill="s", inferences=-1)},
+        {"desired": pb.DesiredState(generation=9)},
+        {"register": pb.Register()},
+    ],
+)
+def test_inconsistent_or_forbidden_messages_are_refused(core: HubCore, body: dict) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    with pytest.raises(ProtocolError):
+        asyncio.run(core.handle("cam-1", make_envelope("cam-1", **body)))
+    assert core.store.telemetry_for() == []
+
+
+def test_fetch_streams_a_file_from_an_offset(core: HubCore) -> None:
+    (ref,) = core.trust.targets()
+    size, chunks = core.open_fetch(ref.path, 1000, 10**9)
+    data = b"".join(chunks)
+    assert size == 256_000 and data == (bytes(range(256)) * 1000)[1000:]
+
+
+@pytest.mark.parametrize("path", ["../hub.db", "/etc/passwd", "keys/root.pem", "metadata/../keys/root.pem", ""])
+def test_fetch_refuses_paths_outside_the_repository(core: HubCore, path: str) -> None:
+    with pytest.raises((ProtocolError, FileNotFoundError)):
+        core.open_fetch(path, 0, 10**9)
+
+
+def test_fetch_refuses_files_over_the_callers_cap(core: HubCore) -> None:
+    (ref,) = core.trust.targets()
+    with pytest.raises(ProtocolError, match="cap"):
+        core.open_fetch(ref.path, 0, 1000)
+
+
+def test_missing_file_is_not_found(core: HubCore) -> None:
+    with pytest.raises(FileNotFoundError):
+        core.open_fetch("metadata/99.root.json", 0, 10**6)

@@ -1,0 +1,30 @@
+"""`edgeskill demo` runs end to end: hub and three agent processes, deploy to cameras only."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeskill.cli", "demo", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"│ (cam-\d|gw-\d) .*", result.stdout)}
+    assert set(rows) == {"cam-1", "cam-2", "gw-1"}
+    for cam in ("cam-1", "cam-2"):
+        assert "digits" in rows[cam] and "running" in rows[cam] and "360" in rows[cam]
+        accuracy = float(re.search(r"│ (0\.\d+) ", rows[cam]).group(1))  # type: ignore[union-attr]
+        assert accuracy > 0.9
+    assert "digits" not in rows["gw-1"]

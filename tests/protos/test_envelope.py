@@ -1,0 +1,54 @@
+"""The wire helpers: generated code is current, envelopes validate and caps hold."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from protos import MAX_ENVELOPE_BYTES, ProtocolError, decode_envelope, encode_envelope, kind_of, make_envelope, pb
+
+
+def test_generated_code_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "protos.generate", "--check"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_round_trip_keeps_id_device_and_body() -> None:
+    env = make_envelope("cam-1", heartbeat=pb.Heartbeat(uptime_s=7))
+    back = decode_envelope(encode_envelope(env))
+    assert (back.id, back.device_id, kind_of(back), back.heartbeat.uptime_s) == (env.id, "cam-1", "heartbeat", 7)
+
+
+def test_ids_are_unique() -> None:
+    ids = {make_envelope("d", heartbeat=pb.Heartbeat()).id for _ in range(1000)}
+    assert len(ids) == 1000
+
+
+def test_exactly_one_body() -> None:
+    with pytest.raises(ValueError, match="exactly one body"):
+        make_envelope("d", heartbeat=pb.Heartbeat(), ack=pb.Ack())
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\xff\xff\xff", "not an envelope"),
+        (pb.Envelope(device_id="d", heartbeat=pb.Heartbeat()).SerializeToString(), "id missing"),
+        (pb.Envelope(id="x", device_id="d").SerializeToString(), "no body"),
+        (pb.Envelope(id="x" * 65, heartbeat=pb.Heartbeat()).SerializeToString(), "id missing or longer"),
+        (b"\x00" * (MAX_ENVELOPE_BYTES + 1), "exceeds"),
+    ],
+)
+def test_bad_input_is_refused(data: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_envelope(data)
+
+
+def test_oversized_envelope_is_not_encoded() -> None:
+    big = pb.Telemetry(metrics={f"m{i}": float(i) for i in range(20000)})
+    with pytest.raises(ProtocolError, match="cap"):
+        encode_envelope(make_envelope("d", telemetry=big))
