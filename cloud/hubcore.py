@@ -165,6 +165,7 @@ class HubCore:
                 error=s.error[:2000],
                 desired_version=s.desired_version[:64],
                 previous_version=s.previous_version[:64],
+                variant=s.variant[:256],
             )
             for s in report.skills
         ]

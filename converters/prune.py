@@ -97,7 +97,7 @@ def channel_prune(
     data: DigitsData,
     *,
     keep: float = 0.5,
-    finetune: TrainConfig = DEFAULT_FINETUNE,
+    finetune: TrainConfig | None = DEFAULT_FINETUNE,
 ) -> PruneResult:
     """Remove the least important channels of every layer, then fine-tune.
 
@@ -109,7 +109,8 @@ def channel_prune(
         model: Trained model; not modified.
         data: Splits for fine-tuning.
         keep: Fraction of channels to keep, in ``(0, 1]``.
-        finetune: Fine-tuning options.
+        finetune: Fine-tuning options; ``None`` skips fine-tuning (to fine-tune by
+            distillation instead, see :func:`converters.distill.distill`).
 
     Raises:
         CompressionError: ``keep`` is out of range or the model type is unsupported.
@@ -123,7 +124,7 @@ def channel_prune(
         pruned = _prune_digits_cnn(model, keep)
     else:
         raise CompressionError(f"channel pruning does not support {type(model).__name__}")
-    metrics = fit(pruned, data, finetune)
+    metrics = fit(pruned, data, finetune) if finetune is not None else []
     return PruneResult(
         pruned.eval(),
         count_parameters(model),

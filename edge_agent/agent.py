@@ -52,6 +52,7 @@ class Agent:
             self.profile.targets,
             state / "logs",
             self._changed,
+            self.profile.precisions,
         )
         self.desired: pb.DesiredState | None = _load_desired(state / "desired.bin")
         self.transport: AgentTransport | None = None
@@ -78,7 +79,7 @@ class Agent:
             self._workload,
             self._telemetry_loop,
         ]
-        tasks = [asyncio.create_task(m(), name=m.__name__) for m in modules]
+        tasks = [asyncio.create_task(self._supervise(m), name=m.__name__) for m in modules]
         try:
             await stop.wait()
         finally:
@@ -88,6 +89,18 @@ class Agent:
             await self.reconciler.shutdown()
             self._flush_windows()
             self.outbox.close()
+
+    async def _supervise(self, module: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run one module for the agent's lifetime, restarting it after a bug or a fault."""
+        while True:
+            try:
+                await module()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("agent module %s failed; restarting it in 1 s", module.__name__)
+                await asyncio.sleep(1.0)
 
     # -- session with the hub -------------------------------------------------
 

@@ -46,6 +46,8 @@ class DeviceProfile:
         targets: Model targets this device can run, best first.
         cpu_count: CPUs this process may use.
         memory_bytes: Physical memory, 0 if unknown.
+        precisions: Model precisions this device prefers, best first (small CPUs
+            prefer ``int8``; accelerators with fast float paths prefer ``fp16``/``fp32``).
     """
 
     arch: str
@@ -54,6 +56,7 @@ class DeviceProfile:
     targets: tuple[str, ...]
     cpu_count: int
     memory_bytes: int
+    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
 
 
 @dataclass(frozen=True)
@@ -64,15 +67,18 @@ class Board:
         arch: Its usual CPU architecture.
         accelerator: ``cpu``, ``cuda`` or ``ascend``.
         targets: Model targets it can run when their runtimes are installed, best first.
+        precisions: Model precisions it prefers, best first.
     """
 
     arch: str
     accelerator: str
     targets: tuple[str, ...]
+    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
 
 
 _ASCEND_TARGETS = ("om", "onnx-cann", "onnx-cpu")
 _ARM_TARGETS = ("tflite", "onnx-cpu")
+_INT8_FIRST = ("int8", "fp16", "fp32")
 
 PROFILES: dict[str, Board] = {
     "x86-cpu": Board("x86_64", "cpu", ("onnx-cpu", "openvino")),
@@ -81,8 +87,9 @@ PROFILES: dict[str, Board] = {
     # An Atlas 300I inference card (Ascend 310) in a server, and the Atlas 200 DK board.
     "ascend-310": Board("x86_64", "ascend", _ASCEND_TARGETS),
     "atlas-200": Board("aarch64", "ascend", _ASCEND_TARGETS),
-    "arm-cpu": Board("aarch64", "cpu", _ARM_TARGETS),
-    "rpi": Board("aarch64", "cpu", _ARM_TARGETS),
+    # Small ARM cores gain most from INT8 (smaller, faster, within a point of accuracy).
+    "arm-cpu": Board("aarch64", "cpu", _ARM_TARGETS, _INT8_FIRST),
+    "rpi": Board("aarch64", "cpu", _ARM_TARGETS, _INT8_FIRST),
 }
 """Known boards by name."""
 
@@ -142,7 +149,9 @@ def profile_for(
     if spec is None:
         raise RuntimeBackendError(f"unknown board {board!r}; known: {', '.join(PROFILES)}")
     targets = tuple(t for t in spec.targets if t in available)
-    return DeviceProfile(spec.arch, spec.accelerator, board, targets, cpu_count, memory_bytes)
+    return DeviceProfile(
+        spec.arch, spec.accelerator, board, targets, cpu_count, memory_bytes, spec.precisions
+    )
 
 
 def detect_profile(override: str | None = None) -> DeviceProfile:

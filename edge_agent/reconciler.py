@@ -43,6 +43,7 @@ class SkillState:
     error: str = ""
     desired_version: str = ""
     previous_version: str = ""
+    variant: str = ""
 
     def to_message(self) -> pb.SkillStatus:
         """The state as a wire message."""
@@ -53,6 +54,7 @@ class SkillState:
             error=self.error[:2000],
             desired_version=self.desired_version,
             previous_version=self.previous_version,
+            variant=self.variant[:256],
         )
 
 
@@ -66,10 +68,12 @@ class Reconciler:
         profile_targets: Sequence[str],
         log_dir: Path,
         on_change: Callable[[], None],
+        precisions: Sequence[str] = (),
     ) -> None:
         self.installs = installs
         self.fetch_target = fetch_target
         self.profile_targets = tuple(profile_targets)
+        self.precisions = tuple(precisions)
         self.log_dir = log_dir
         self.on_change = on_change
         self.processes: dict[str, SkillProcess] = {}
@@ -142,7 +146,10 @@ class Reconciler:
             await self._roll_back(name, version, desired, str(exc))
             return
         if version == desired:
-            self._set(SkillState(name, version, "running", "", desired, current.previous or ""))
+            variant = ", ".join(f"{k}={v}" for k, v in sorted(self.processes[name].models.items()))
+            self._set(
+                SkillState(name, version, "running", "", desired, current.previous or "", variant)
+            )
 
     def _start(self, skill_dir: Path, config: dict[str, str]) -> SkillProcess:
         manifest = Manifest.from_toml((skill_dir / "skill.toml").read_text(encoding="utf-8"))
@@ -154,6 +161,7 @@ class Reconciler:
             self.profile_targets,
             config=merged,
             log_path=self.log_dir / f"{manifest.name}-{manifest.version}.log",
+            precisions=self.precisions,
         )
         proc.start()
         return proc

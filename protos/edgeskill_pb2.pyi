@@ -109,20 +109,22 @@ class DesiredState(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., skills: _Optional[_Iterable[_Union[SkillSpec, _Mapping]]] = ...) -> None: ...
 
 class SkillStatus(_message.Message):
-    __slots__ = ("name", "version", "state", "error", "desired_version", "previous_version")
+    __slots__ = ("name", "version", "state", "error", "desired_version", "previous_version", "variant")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DESIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     state: str
     error: str
     desired_version: str
     previous_version: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., desired_version: _Optional[str] = ..., previous_version: _Optional[str] = ...) -> None: ...
+    variant: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., desired_version: _Optional[str] = ..., previous_version: _Optional[str] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class ReportedState(_message.Message):
     __slots__ = ("generation", "skills")

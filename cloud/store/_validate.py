@@ -126,6 +126,7 @@ def statuses(skills: Sequence[SkillStatusRecord]) -> list[SkillStatusRecord]:
                 version(value)
         _check(_STATE_RE, status.state, "skill state")
         text(status.error, "error text", MAX_ERROR_LEN)
+        text(status.variant, "variant", 256)
     return list(skills)
 
 

@@ -100,6 +100,7 @@ class SkillStatusRecord:
     error: str = ""
     desired_version: str = ""
     previous_version: str = ""
+    variant: str = ""  # the model variants it runs, as the device describes them
 
 
 @dataclass(frozen=True)

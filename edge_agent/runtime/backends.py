@@ -44,6 +44,7 @@ class LoadedModel:
         name: The model's name (the manifest's, or the file stem).
         target: The target of the loaded variant.
         backend: The backend's name.
+        precision: The loaded variant's precision, set by the runtime facade.
         provider: What actually executes it (an ONNX Runtime provider, an OpenVINO device).
         input_names: Graph input names, in order.
         output_names: Graph output names, in order.
@@ -63,6 +64,7 @@ class LoadedModel:
         self.name = name
         self.target = target
         self.backend = backend
+        self.precision = "fp32"
         self.provider = provider
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)

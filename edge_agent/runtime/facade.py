@@ -40,10 +40,12 @@ class Runtime:
         profile_targets: Sequence[str],
         *,
         backends: Sequence[Backend] | None = None,
+        precisions: Sequence[str] = (),
     ) -> None:
         self._skill_dir = skill_dir.resolve()
         self._manifest = manifest
         self._targets = tuple(profile_targets)
+        self._precisions = tuple(precisions)
         self._backends = list(backends) if backends is not None else default_backends()
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
@@ -78,7 +80,7 @@ class Runtime:
             known = sorted({v.model for v in self._manifest.models})
             raise RuntimeBackendError(f"the manifest has no model {name!r} (it has {known})")
         try:
-            variant = select_variant(variants, self._targets, self._backends)
+            variant = select_variant(variants, self._targets, self._backends, self._precisions)
         except RuntimeBackendError as exc:
             raise RuntimeBackendError(f"model {name!r}: {exc}") from exc
         backend = backend_for(variant.target, self._backends)
@@ -86,6 +88,7 @@ class Runtime:
             raise RuntimeBackendError(f"no backend for target {variant.target!r}")
         path = self._verified_file(name, variant)
         model = backend.load(path, variant.target, name=name)
+        model.precision = variant.precision
         _log.info(
             "model %s: variant %s (%s) on %s/%s",
             name,

@@ -19,6 +19,11 @@ class VariantLike(Protocol):
         """The target the variant was built for."""
         ...
 
+    @property
+    def precision(self) -> str:
+        """The variant's numeric precision (``fp32``, ``int8``, ...)."""
+        ...
+
 
 V = TypeVar("V", bound=VariantLike)
 
@@ -35,16 +40,19 @@ def select_variant(
     manifest_variants: Sequence[V],
     profile_targets: Sequence[str],
     backends: Sequence[Backend],
+    precisions: Sequence[str] = (),
 ) -> V:
     """Pick the variant for the first target, in the device's order, that can run here.
 
-    Among several variants for the same target (fp32 and int8, say), the one
-    listed first in the manifest wins: the bundle author orders by preference.
+    Among several variants for the same target (fp32 and int8, say), the device's
+    precision preference decides; precisions it does not name, and ties, go by the
+    manifest's order: the bundle author orders by preference.
 
     Args:
         manifest_variants: The variants of one model, as the bundle lists them.
         profile_targets: The device's targets, best first.
         backends: The backends the agent knows.
+        precisions: The device's preferred precisions, best first.
 
     Returns:
         The chosen variant.
@@ -53,10 +61,13 @@ def select_variant(
         RuntimeBackendError: No variant's target is both in the device's list and
             served by an installed backend; the message lists both sides.
     """
+    rank = {p: i for i, p in enumerate(precisions)}
     for target in profile_targets:
-        for variant in manifest_variants:
-            if variant.target == target and backend_for(target, backends) is not None:
-                return variant
+        if backend_for(target, backends) is None:
+            continue
+        fits = [v for v in manifest_variants if v.target == target]
+        if fits:
+            return min(fits, key=lambda v: rank.get(v.precision, len(rank)))
     bundle_has = sorted({v.target for v in manifest_variants})
     runnable = [t for t in profile_targets if backend_for(t, backends) is not None]
     raise RuntimeBackendError(

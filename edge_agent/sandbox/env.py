@@ -22,6 +22,7 @@ __all__ = [
     "ENV_CPU_SECONDS",
     "ENV_MAX_OPEN_FILES",
     "ENV_MEMORY_MB",
+    "ENV_PRECISIONS",
     "ENV_SKILL_DIR",
     "ENV_TARGETS",
     "MAX_CONFIG_BYTES",
@@ -31,6 +32,7 @@ __all__ = [
 
 ENV_SKILL_DIR = "EDGESKILL_SKILL_DIR"
 ENV_TARGETS = "EDGESKILL_TARGETS"
+ENV_PRECISIONS = "EDGESKILL_PRECISIONS"
 ENV_CONFIG = "EDGESKILL_CONFIG"
 ENV_MEMORY_MB = "EDGESKILL_MEMORY_MB"
 ENV_CPU_SECONDS = "EDGESKILL_CPU_SECONDS"
@@ -74,6 +76,7 @@ def child_environment(
     targets: Sequence[str],
     config_json: str,
     limits: Mapping[str, str],
+    precisions: Sequence[str] = (),
 ) -> dict[str, str]:
     """The complete environment of a control process.
 
@@ -82,6 +85,7 @@ def child_environment(
         targets: The device's targets, best first.
         config_json: The output of :func:`encode_config`.
         limits: ``EDGESKILL_*`` limit variables (``SandboxLimits.to_env()``).
+        precisions: The device's preferred model precisions, best first.
 
     Returns:
         The variables, and nothing inherited beyond ``PATH`` and ``LANG``.
@@ -93,6 +97,7 @@ def child_environment(
         "PYTHONPATH": os.pathsep.join(_import_roots()),
         ENV_SKILL_DIR: str(skill_dir),
         ENV_TARGETS: ",".join(targets),
+        ENV_PRECISIONS: ",".join(precisions),
         ENV_CONFIG: config_json,
         **limits,
     }

@@ -78,11 +78,15 @@ class SkillProcess:
         config: Mapping[str, str],
         log_path: Path,
         python: str | None = None,
+        precisions: Sequence[str] = (),
     ) -> None:
         self._skill_dir = skill_dir.resolve()
         self._manifest = manifest
         self._label = f"{manifest.name} {manifest.version}"
         self._targets = tuple(profile_targets)
+        self._precisions = tuple(precisions)
+        #: The model variant each loaded model runs, as the child reported when ready.
+        self.models: dict[str, str] = {}
         self._config_json = encode_config(config)
         self._limits = SandboxLimits.from_resources(manifest.resources)
         self._log = SkillLog(log_path)
@@ -231,7 +235,11 @@ class SkillProcess:
                 stderr=log,
                 cwd=self._skill_dir,
                 env=child_environment(
-                    self._skill_dir, self._targets, self._config_json, self._limits.to_env()
+                    self._skill_dir,
+                    self._targets,
+                    self._config_json,
+                    self._limits.to_env(),
+                    self._precisions,
                 ),
                 start_new_session=True,  # its own process group, killed as a whole
             )
@@ -259,6 +267,9 @@ class SkillProcess:
                 f"{self._label} was not ready within {timeout:g} s{self._log.tail()}"
             ) from None
         if isinstance(message, dict) and message.get("op") == "ready":
+            models = message.get("models")
+            if isinstance(models, dict):
+                self.models = {str(k)[:64]: str(v)[:128] for k, v in list(models.items())[:16]}
             return
         if isinstance(message, dict) and message.get("op") == "failed":
             self._terminate(grace_s=_REAP_GRACE_S)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_agent.runtime import Runtime
-from edge_agent.sandbox.env import ENV_CONFIG, ENV_SKILL_DIR, ENV_TARGETS
+from edge_agent.sandbox.env import ENV_CONFIG, ENV_PRECISIONS, ENV_SKILL_DIR, ENV_TARGETS
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.protocol import ProtocolError, encode_frame, read_frame
 from skills.manifest import Manifest
@@ -116,7 +116,7 @@ def _load_skill_class(control_dir: Path, entrypoint: str) -> type[Skill]:
     return skill_class
 
 
-def _start_skill(channel: _Channel) -> Skill:
+def _start_skill(channel: _Channel) -> tuple[Skill, Runtime]:
     """Apply the limits, build the context, import the skill and run its setup."""
     env = os.environ
     SandboxLimits.from_env(env).apply()
@@ -124,12 +124,13 @@ def _start_skill(channel: _Channel) -> Skill:
     targets = [t for t in env.get(ENV_TARGETS, "").split(",") if t]
     config = _read_config(env.get(ENV_CONFIG, ""))
     manifest = Manifest.from_toml((skill_dir / "skill.toml").read_text(encoding="utf-8"))
-    runtime = Runtime(skill_dir, manifest, targets)
+    precisions = [p for p in env.get(ENV_PRECISIONS, "").split(",") if p]
+    runtime = Runtime(skill_dir, manifest, targets, precisions=precisions)
     logger = logging.getLogger(f"skill.{manifest.name}")
     ctx = _Context(config, skill_dir, logger, runtime, channel)
     skill = _load_skill_class(skill_dir / "control", manifest.entrypoint)()
     skill.setup(ctx)
-    return skill
+    return skill, runtime
 
 
 def _error_text(exc: BaseException) -> str:
@@ -192,12 +193,16 @@ def main() -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        skill = _start_skill(channel)
+        skill, runtime = _start_skill(channel)
     except BaseException as exc:  # SystemExit from setup fails the check too
         _log.error("setup failed:\n%s", "".join(traceback.format_exception(exc)))
         channel.send({"op": "failed", "error": _error_text(exc)})
         return 1
-    channel.send({"op": "ready"})
+    models = {
+        name: f"{m.target}/{m.precision} on {m.backend}/{m.provider}"
+        for name, m in runtime.loaded.items()
+    }
+    channel.send({"op": "ready", "models": models})
     return _serve(skill, channel)
 
 
