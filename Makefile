@@ -1,14 +1,15 @@
 # One-command set-up and runs. Every target is idempotent.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt | sha256sum | cut -c1-16)
 
 .PHONY: setup demo test lint bench services proto clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-tflite.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[hub,dev]'
+	$(PY) -m pip install -q --no-deps -r requirements-tflite.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -70,7 +70,11 @@ class Hub:
 
     @classmethod
     def init(
-        cls, home: Path, store_url: str | None = None, grpc_bind: str = "127.0.0.1:7443"
+        cls,
+        home: Path,
+        store_url: str | None = None,
+        grpc_bind: str = "127.0.0.1:7443",
+        mqtt_url: str = "",
     ) -> Hub:
         """Create a new hub home with fresh signing keys.
 
@@ -81,7 +85,7 @@ class Hub:
             raise HubError(f"{home} already holds a hub ({CONFIG_FILE} exists)")
         home.mkdir(parents=True, exist_ok=True)
         url = store_url or f"sqlite:///{(home / 'hub.db').resolve()}"
-        config = HubConfig(store_url=url, grpc_bind=grpc_bind)
+        config = HubConfig(store_url=url, grpc_bind=grpc_bind, mqtt_url=mqtt_url)
         trust = TrustRepository.init(home / "trust")
         store = open_store(url)
         config.dump(home / CONFIG_FILE)
@@ -135,10 +139,30 @@ class Hub:
         """The transport-independent message handler over this hub's state."""
         return HubCore(self.store, self.trust)
 
-    async def serve(self, stop: asyncio.Event, grpc_bind: str | None = None) -> None:
-        """Serve devices until ``stop`` is set."""
+    async def serve(
+        self, stop: asyncio.Event, grpc_bind: str | None = None, mqtt_url: str | None = None
+    ) -> None:
+        """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
+
+        Both transports share one :class:`HubCore`. MQTT starts first, so once the
+        gRPC port answers the hub is subscribed on the broker too.
+
+        Raises:
+            TransportError: the broker could not be reached at start.
+        """
         core = self.core()
-        server, port = await start_grpc_server(core, grpc_bind or self.config.grpc_bind)
+        url = self.config.mqtt_url if mqtt_url is None else mqtt_url
+        mqtt = None
+        if url:
+            from cloud.mqtt_server import start_mqtt_server  # noqa: PLC0415 - paho only when used
+
+            mqtt = await start_mqtt_server(core, url)
+        try:
+            server, port = await start_grpc_server(core, grpc_bind or self.config.grpc_bind)
+        except BaseException:
+            if mqtt is not None:
+                await mqtt.stop()
+            raise
         log.info("hub serving gRPC on port %d", port)
         refresher = asyncio.create_task(self._refresh_timestamp())
         try:
@@ -146,6 +170,8 @@ class Hub:
         finally:
             refresher.cancel()
             await server.stop(grace=1.0)
+            if mqtt is not None:
+                await mqtt.stop()
 
     async def _refresh_timestamp(self) -> None:
         # The timestamp role expires within a day; re-sign it well before.

@@ -14,7 +14,7 @@ from converters.mobilenet import MobileNet, MobileNetConfig, count_parameters
 
 __all__ = ["DEFAULT_DISTILL", "DistillResult", "distill", "make_student"]
 
-DEFAULT_DISTILL = TrainConfig(epochs=10, lr=0.01)
+DEFAULT_DISTILL = TrainConfig(epochs=15, lr=5e-3, batch_size=32)
 
 
 @dataclass(frozen=True)

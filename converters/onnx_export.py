@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,6 +17,9 @@ import torch
 from converters._loop import predict
 from converters.digits import Split
 from converters.errors import ConversionError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 __all__ = [
     "check_onnx",
@@ -50,6 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide artefacts from other service users
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -120,7 +125,7 @@ def export_onnx(
     return out
 
 
-def ort_session(onnx_path: Path) -> object:
+def ort_session(onnx_path: Path) -> ort.InferenceSession:
     """Open an ONNX Runtime CPU session.
 
     Raises:
@@ -138,18 +143,18 @@ def ort_session(onnx_path: Path) -> object:
         raise ConversionError(f"ONNX Runtime cannot load {onnx_path.name}: {exc}") from exc
 
 
-def run_onnx(session: object, x: np.ndarray) -> np.ndarray:
+def run_onnx(session: ort.InferenceSession, x: np.ndarray) -> np.ndarray:
     """Run the first input/output of an ONNX Runtime session in batches.
 
     Raises:
         ConversionError: Inference failed.
     """
-    name = session.get_inputs()[0].name  # type: ignore[attr-defined]
+    name = session.get_inputs()[0].name
     outputs = []
     try:
         for start in range(0, x.shape[0], _EVAL_BATCH):
             chunk = np.ascontiguousarray(x[start : start + _EVAL_BATCH], dtype=np.float32)
-            outputs.append(session.run(None, {name: chunk})[0])  # type: ignore[attr-defined]
+            outputs.append(np.asarray(session.run(None, {name: chunk})[0]))
     except Exception as exc:
         raise ConversionError(f"ONNX Runtime inference failed: {exc}") from exc
     return np.concatenate(outputs, axis=0)

@@ -27,7 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from converters.digits import DigitsData
-from converters.distill import distill, make_student
+from converters.distill import DEFAULT_DISTILL, distill, make_student
 from converters.errors import CompressionError
 from converters.fit import TrainConfig
 from converters.onnx_export import check_onnx, export_onnx
@@ -66,8 +66,8 @@ class CompressOptions:
         keep: Fraction of channels kept by channel pruning.
         student_width: Width of the distilled student relative to the default layout.
         finetune: Fine-tuning after pruning.
-        distill: Training of the student (and distillation fine-tuning after pruning,
-            with ``finetune``'s epoch count).
+        distill: Training of the student, and the distillation that recovers a
+            channel-pruned network in ``pruned+distilled+int8``.
         calibration_images: Training images used to calibrate INT8.
         tflite: Also build and measure TFLite files (needs ``litert-torch``);
             ``None`` means when installed.
@@ -78,8 +78,8 @@ class CompressOptions:
     sparsity: float = 0.5
     keep: float = 0.5
     student_width: float = 0.5
-    finetune: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
-    distill: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=10, lr=0.01))
+    finetune: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=6, lr=3e-3))
+    distill: TrainConfig = DEFAULT_DISTILL
     calibration_images: int = 300
     tflite: bool | None = None
     latency: bool = True
@@ -180,7 +180,7 @@ def _base_model(ctx: _Context, name: str) -> nn.Module:
         built = distill(teacher, student, ctx.data, config=opts.distill).model
     elif name == "pruned+distilled":
         narrow = channel_prune(teacher, ctx.data, keep=opts.keep, finetune=None).model
-        built = distill(teacher, narrow, ctx.data, config=opts.finetune).model
+        built = distill(teacher, narrow, ctx.data, config=opts.distill).model
     else:
         raise CompressionError(f"no recipe for {name}")
     ctx.torch_models[name] = built

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import logging
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from converters._tflite_worker import MISSING_EXIT_CODE
 from converters.errors import ConversionError, ToolMissingError
 from converters.onnx_export import atomic_write_bytes
 
@@ -32,6 +36,7 @@ LITERT_EXTRA = (
     "immutabledict, absl-py)"
 )
 _MAX_CALIBRATION = 1000
+WORKER_TIMEOUT_S = 900
 
 
 @contextlib.contextmanager
@@ -62,33 +67,41 @@ def _import(module: str) -> ModuleType:
 
 
 def litert_torch_available() -> bool:
-    """Whether torch → TFLite conversion can run here."""
-    try:
-        _import("litert_torch")
-    except ToolMissingError:
-        return False
-    return True
+    """Whether ``litert-torch`` is installed (checked without importing it)."""
+    return importlib.util.find_spec("litert_torch") is not None
 
 
 def export_tflite(model: torch.nn.Module, sample: np.ndarray, out: Path) -> Path:
     """Convert a torch model to ``.tflite``; the batch size is fixed to ``sample``'s.
 
+    The converter runs in a child process: it imports jax, whose threads make any
+    later ``os.fork`` in this process unsafe (jax warns about it).
+
     Raises:
-        ToolMissingError: ``litert-torch`` is not installed.
+        ToolMissingError: ``litert-torch`` (or one of its dependencies) is not installed.
         ConversionError: The converter failed.
     """
-    litert_torch = _import("litert_torch")
+    if not litert_torch_available():
+        raise ToolMissingError(f"TFLite conversion needs {LITERT_EXTRA}")
     model.eval()
-    x = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.float32))
     with tempfile.TemporaryDirectory(prefix="edgeskill-tflite-") as tmp:
-        staged = Path(tmp) / "model.tflite"
+        work = Path(tmp)
+        # A private file this process wrote a moment ago: unpickling it in the child is safe.
+        torch.save(model, work / "model.pt")
+        np.save(work / "sample.npy", np.ascontiguousarray(sample, dtype=np.float32))
+        staged = work / "model.tflite"
+        argv = [sys.executable, "-m", "converters._tflite_worker", str(work), str(staged)]
         try:
-            with _quiet(), torch.no_grad():
-                litert_torch.convert(model, (x,)).export(str(staged))
-        except Exception as exc:  # the converter raises many unrelated types
+            done = subprocess.run(argv, capture_output=True, timeout=WORKER_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConversionError(f"TFLite conversion could not run: {exc}") from exc
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        if done.returncode == MISSING_EXIT_CODE:
+            raise ToolMissingError(f"TFLite conversion needs {LITERT_EXTRA}: {tail[0]}")
+        if done.returncode != 0 or not staged.is_file():
             raise ConversionError(
-                f"TFLite conversion of {type(model).__name__} failed: {exc}"
-            ) from exc
+                f"TFLite conversion of {type(model).__name__} failed: {tail[0][:500]}"
+            )
         atomic_write_bytes(out, staged.read_bytes())
     return out
 

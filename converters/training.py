@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +190,8 @@ def _claim(spec: JobSpec, workdir: Path) -> None:
     spec_path = workdir / "spec.json"
     if not spec_path.exists():
         _write_json(spec_path, spec.to_dict())
-    elif _read_spec(workdir) != spec:
+    elif replace(_read_spec(workdir), pause_s=0.0) != replace(spec, pause_s=0.0):
+        # pause_s only paces the run; any other difference would change the result.
         raise TrainingError(f"{workdir.name} holds a different job")
 
 
@@ -199,6 +200,7 @@ def _train(
 ) -> JobResult:
     dataset = load_dataset(spec.dataset, size=(spec.image_size, spec.image_size))
     data = dataset.split(seed=spec.split_seed)
+    torch.manual_seed(spec.train.seed)  # initial weights are part of what the spec fixes
     model = build_for(spec, dataset)
     checkpoint = workdir / "checkpoint.pt"
     done = load_checkpoint_metrics(checkpoint) if checkpoint.exists() else []

@@ -94,13 +94,17 @@ def hub_init(
     grpc_bind: Annotated[
         str, typer.Option(help="Address the gRPC server listens on.")
     ] = "127.0.0.1:7443",
+    mqtt: Annotated[
+        str,
+        typer.Option(help="Also serve devices through this broker: mqtt://HOST:1883/PREFIX."),
+    ] = "",
 ) -> None:
     """Create a hub home: signing keys (mode 0600), TUF metadata and the registry store."""
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
     try:
-        hub = Hub.init(home, store_url, grpc_bind)
+        hub = Hub.init(home, store_url, grpc_bind, mqtt)
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -114,13 +118,22 @@ def hub_serve(
     grpc_bind: Annotated[
         str | None, typer.Option(help="Override the configured gRPC address.")
     ] = None,
+    mqtt: Annotated[
+        str | None,
+        typer.Option(help="Override the configured broker: mqtt://HOST:1883/PREFIX ('' for none)."),
+    ] = None,
     verbose: bool = False,
 ) -> None:
-    """Serve devices over gRPC until interrupted."""
+    """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted."""
+    from cloud.errors import HubError  # noqa: PLC0415
+
     _setup_logging(verbose)
     hub = _open_hub(home)
     try:
-        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind))
+        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt))
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
     finally:
         hub.close()
 

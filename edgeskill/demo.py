@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,7 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
     holdout = work / "holdout.npz"
     count = write_holdout(trained.data, holdout)
     fleet = Fleet(work / "logs")
+    hub_url = ""
     try:
         hub_url = _start_hub(fleet, hub, work, transport)
         root = work / "hub" / "trust" / "metadata" / "root.json"
@@ -183,17 +185,37 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
         console.print(f"[red]demo failed:[/] {exc}; logs in {work / 'logs'}")
         return 1
     finally:
+        kept = bool(keep and not fleet.procs)
         fleet.stop_all()
         hub.close()
+        if hub_url.startswith("mqtt") and not kept:
+            _forget_retained(hub_url)
 
 
 def _start_hub(fleet: Fleet, hub: Hub, work: Path, transport: str) -> str:
+    """Start the hub process; returns the URL agents connect to."""
     port = int(hub.config.grpc_bind.rsplit(":", 1)[1])
-    fleet.start("hub", ["hub", "serve", "--home", str(work / "hub")])
-    wait_for_port(port)
-    if transport == "grpc":
-        return f"grpc://127.0.0.1:{port}"
-    raise ValueError(f"unknown transport {transport!r}")
+    args = ["hub", "serve", "--home", str(work / "hub")]
+    url = f"grpc://127.0.0.1:{port}"
+    if transport == "mqtt":
+        # A topic prefix of its own keeps this demo apart from anything else on the broker.
+        broker = os.environ.get("EDGESKILL_DEMO_BROKER", "127.0.0.1:1883")
+        url = f"mqtt://{broker}/edgeskill-demo/{uuid.uuid4().hex[:8]}?session_expiry=600"
+        args += ["--mqtt", url]
+    elif transport != "grpc":
+        raise ValueError(f"unknown transport {transport!r}; use grpc or mqtt")
+    fleet.start("hub", args)
+    wait_for_port(port)  # the hub subscribes on the broker before it opens this port
+    return url
+
+
+def _forget_retained(url: str) -> None:
+    """Remove the demo's retained presence and desired state from the broker."""
+    from cloud.errors import TransportError  # noqa: PLC0415
+    from cloud.mqtt_client import clear_retained  # noqa: PLC0415 - only for MQTT demos
+
+    with contextlib.suppress(TransportError):
+        clear_retained(url)
 
 
 def _wait_for_inferences(console: Console, hub: Hub, devices: list[str], count: int) -> None:

@@ -163,3 +163,5 @@ telemetry = Table(
     Index(None, "device_id", "skill", "window_end_ms"),
     Index(None, "skill"),
 )
+
+from cloud.store import models_schema as _models_schema  # noqa: E402, F401 - model factory tables

@@ -190,6 +190,41 @@ class Store(Registry):
             return DesiredRecord(device_id, 0, ())
         return DesiredRecord(device_id, row.generation, decode_skills(row.skills))
 
+    def desired_generations(self) -> dict[str, int]:
+        """Every registered device's desired generation (0 when nothing was ever desired).
+
+        One query for the whole fleet, so a hub can poll it for changes.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        joined = devices.outerjoin(
+            desired_states, desired_states.c.device_id == devices.c.device_id
+        )
+        query = select(devices.c.device_id, desired_states.c.generation).select_from(joined)
+        with self._tx() as conn:
+            return {row.device_id: int(row.generation or 0) for row in conn.execute(query)}
+
+    def desired_many(self, device_ids: Sequence[str]) -> list[DesiredRecord]:
+        """Return the desired state of several devices, in one query per 500 ids.
+
+        Devices with no stored desired state get generation 0 and no skills.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        ids = list(dict.fromkeys(device_ids))
+        found: dict[str, DesiredRecord] = {}
+        with self._tx() as conn:
+            for start in range(0, len(ids), 500):
+                batch = ids[start : start + 500]
+                query = select(desired_states).where(desired_states.c.device_id.in_(batch))
+                for row in conn.execute(query):
+                    found[row.device_id] = DesiredRecord(
+                        row.device_id, row.generation, decode_skills(row.skills)
+                    )
+        return [found.get(d, DesiredRecord(d, 0, ())) for d in ids]
+
     def save_report(
         self,
         device_id: str,

@@ -103,19 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer epochs (a smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=170)
     torch.manual_seed(0)
     data = load_digits_data(seed=0)
     rows: list[dict[str, object]] = []
     options = CompressOptions(
-        finetune=TrainConfig(epochs=2 if args.quick else 4, lr=3e-3),
+        finetune=TrainConfig(epochs=2 if args.quick else 6, lr=3e-3),
         distill=TrainConfig(epochs=4 if args.quick else 10, lr=0.01),
     )
     with tempfile.TemporaryDirectory(prefix="bench-compression-") as tmp:
         for name, (model, info) in _train_models(args.quick, console).items():
 
             def record(variant: Variant, name: str = name, info: dict[str, object] = info) -> None:
-                row = {**variant.report.to_row(), "params": info["params"]}
+                params = count_parameters(variant.model) if variant.model is not None else None
+                row = {**variant.report.to_row(), "params": params}
                 if variant.name == "float":
                     row["train_s"] = info["train_s"]
                 rows.append(row)

@@ -1,7 +1,13 @@
-"""Shared fixtures: one trained digits model per test session (training takes about a second)."""
+"""Shared fixtures: one trained digits model per test session (training takes about a second).
+
+Tests train on one torch thread: these models are tiny, and two spinning threads on a
+machine shared with other test processes make training many times slower.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +17,22 @@ from converters.digits import DigitsCNN, DigitsData, load_digits_data, train_dig
 from converters.onnx_export import export_onnx
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _single_torch_thread() -> Iterator[None]:
+    with one_thread():
+        yield
+
+
 @pytest.fixture(scope="session")
 def digits() -> DigitsData:
     return load_digits_data(seed=0)
@@ -18,8 +40,8 @@ def digits() -> DigitsData:
 
 @pytest.fixture(scope="session")
 def trained(digits: DigitsData) -> tuple[DigitsCNN, float]:
-    torch.manual_seed(0)
-    return train_digits(digits, epochs=8, seed=0)
+    with one_thread():
+        return train_digits(digits, epochs=8, seed=0)
 
 
 @pytest.fixture(scope="session")

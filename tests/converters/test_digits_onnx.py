@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +96,9 @@ def test_failed_export_leaves_no_file(tmp_path: Path) -> None:
     with pytest.raises(ConversionError):
         export_onnx(DigitsCNN(), np.zeros((2, 3, 8, 8), np.float32), out)  # wrong channel count
     assert list(tmp_path.iterdir()) == []
+
+
+def test_package_import_stays_light() -> None:
+    code = "import sys, converters, converters.errors; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

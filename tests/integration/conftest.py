@@ -1,8 +1,14 @@
-"""A real hub process and real agent processes on loopback, for end-to-end tests."""
+"""A real hub process and real agent processes on loopback, for end-to-end tests.
+
+The ``cluster`` fixture runs every test twice: agents talking gRPC to the hub,
+and agents talking MQTT 5 through the system broker (127.0.0.1:1883) under a
+topic prefix of their own, which is wiped of retained messages afterwards.
+"""
 
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +17,7 @@ import pytest
 
 from cloud.factory import LIBRARY, build_skill, train_digits_onnx
 from cloud.hub import Hub
+from cloud.mqtt_client import clear_retained
 from edgeskill.demo import Fleet, agent_args, free_port, wait_for_port, wait_until
 from protos.envelope import now_ms
 
@@ -114,18 +121,33 @@ class Cluster:
         return current.resolve().name if current.exists() else None
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, bundles: Bundles) -> Iterator[Cluster]:
+SYSTEM_BROKER = "127.0.0.1:1883"
+
+
+def mqtt_test_url(broker: str = SYSTEM_BROKER, keepalive: int = 5) -> str:
+    """A broker URL under a fresh topic prefix, with sessions that expire soon after the test."""
+    return (
+        f"mqtt://{broker}/es-test/{uuid.uuid4().hex[:12]}?session_expiry=60&keepalive={keepalive}"
+    )
+
+
+@pytest.fixture(params=["grpc", "mqtt"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, bundles: Bundles) -> Iterator[Cluster]:
     port = free_port()
-    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{port}")
+    mqtt_url = mqtt_test_url() if request.param == "mqtt" else ""
+    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url)
     for bundle in (bundles.v1, bundles.v2, bundles.v3, bundles.broken):
         hub.push(bundle)
     hub.store.create_group("cameras", "kind=camera")
     fleet = Fleet(tmp_path / "logs")
     fleet.start("hub", ["hub", "serve", "--home", str(tmp_path / "hub")])
     try:
-        wait_for_port(port)
-        yield Cluster(hub, tmp_path / "hub", tmp_path, fleet, f"grpc://127.0.0.1:{port}")
+        wait_for_port(port)  # the hub subscribes on the broker before it opens this port
+        yield Cluster(
+            hub, tmp_path / "hub", tmp_path, fleet, mqtt_url or f"grpc://127.0.0.1:{port}"
+        )
     finally:
         fleet.stop_all()
         hub.close()
+        if mqtt_url:
+            clear_retained(mqtt_url)

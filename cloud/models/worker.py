@@ -1,0 +1,134 @@
+"""The training worker process: ``python -m cloud.models.worker HOME JOB_ID [--pause S]``.
+
+It holds the job folder's lock, marks the job running, trains with the
+converters package (a checkpoint every epoch, resuming from the last one),
+copies each epoch's metrics into the registry, and finally stores the model's
+blobs and records the model and the job's success in one transaction. A
+failure is recorded on the job; a kill leaves the job ``running`` until the
+runner (or anyone calling :meth:`JobRunner.refresh`) notices the lock is free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloud.errors import ConflictError, HubError
+from cloud.hub import CONFIG_FILE, HubConfig
+from cloud.models.blobs import BlobStore
+from cloud.models.datasets import dataset_source
+from cloud.models.errors import FactoryError
+from cloud.models.jobs import JOBS_DIR, LOCK_BUSY_EXIT, job_lock
+from cloud.models.records import EpochRecord, JobRecord, ModelDraft
+from cloud.models.registry import ModelRegistry
+from cloud.store import open_store
+from protos.envelope import now_ms
+
+if TYPE_CHECKING:
+    from converters.fit import EpochMetrics
+
+__all__ = ["main", "run_worker"]
+
+BLOBS_DIR = "blobs"
+
+
+def _epochs(metrics: Iterable[EpochMetrics]) -> list[EpochRecord]:
+    return [EpochRecord(m.epoch, m.train_loss, m.val_accuracy, m.seconds) for m in metrics]
+
+
+def run_worker(home: Path, job_id: int, *, pause_s: float = 0.0) -> int:
+    """Run one job to its end in this process; returns the exit code.
+
+    0: succeeded; 1: failed (recorded on the job); 2: the job cannot run (already
+    succeeded, unknown); :data:`LOCK_BUSY_EXIT`: another process runs it.
+    """
+    try:
+        config = HubConfig.load(home / CONFIG_FILE)
+        store = open_store(config.store_url)
+    except HubError as exc:
+        sys.stderr.write(f"cannot open the hub at {home}: {exc}\n")
+        return 2
+    try:
+        registry = ModelRegistry(store.engine)
+        with job_lock(home / JOBS_DIR / str(job_id)) as held:
+            if not held:
+                sys.stderr.write(f"training job {job_id} is running in another process\n")
+                return LOCK_BUSY_EXIT
+            try:
+                job = registry.mark_running(job_id, pid=os.getpid(), now_ms=now_ms())
+            except HubError as exc:
+                sys.stderr.write(f"training job {job_id} cannot run: {exc}\n")
+                return 2
+            return _train(home, registry, job, pause_s)
+    finally:
+        store.close()
+
+
+def _train(home: Path, registry: ModelRegistry, job: JobRecord, pause_s: float) -> int:
+    # Imported here: torch loads only in the worker, never in a process that only watches.
+    from converters.errors import ConverterError  # noqa: PLC0415
+    from converters.training import JobSpec, read_metrics, run_job  # noqa: PLC0415
+
+    workdir = home / JOBS_DIR / str(job.id)
+    try:
+        dataset = registry.get_dataset(job.dataset_id)
+        spec = JobSpec.from_dict(
+            {**job.spec, "dataset": dataset_source(home, dataset), "pause_s": pause_s}
+        )
+        result = run_job(
+            spec,
+            workdir,
+            on_epoch=lambda _m: registry.replace_epochs(job.id, _epochs(read_metrics(workdir))),
+        )
+        if result.dataset_hash != dataset.content_hash:
+            raise FactoryError(f"data set {dataset.name} v{dataset.version} changed on disk")
+        blobs = BlobStore(home / BLOBS_DIR)
+        weights, _ = blobs.put_file(result.model_path)
+        onnx, onnx_size = blobs.put_file(result.onnx_path)
+        draft = ModelDraft(
+            name=job.model_name, arch=spec.arch, onnx_sha256=onnx, onnx_size=onnx_size,
+            image_size=spec.image_size, weights_sha256=weights,
+            test_accuracy=result.test_accuracy, dataset_id=dataset.id,
+            split_seed=spec.split_seed,
+        )  # fmt: skip
+        model = registry.finish_job(
+            job.id, draft, epochs=_epochs(result.metrics),
+            resumed_from_epoch=result.resumed_from_epoch, now_ms=now_ms(),
+        )  # fmt: skip
+    except (ConverterError, HubError) as exc:
+        return _record_failure(registry, job.id, exc)
+    sys.stdout.write(f"job {job.id}: model {model.id} ({model.name}) recorded\n")
+    return 0
+
+
+def _record_failure(registry: ModelRegistry, job_id: int, exc: Exception) -> int:
+    try:
+        registry.fail_job(job_id, f"{type(exc).__name__}: {exc}", now_ms=now_ms())
+    except (ConflictError, HubError) as store_exc:
+        sys.stderr.write(
+            f"training job {job_id} failed ({exc}); recording it failed: {store_exc}\n"
+        )
+        return 1
+    sys.stderr.write(f"training job {job_id} failed: {exc}\n")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m cloud.models.worker")
+    parser.add_argument("home", type=Path)
+    parser.add_argument("job_id", type=int)
+    parser.add_argument("--pause", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(max(1, int(os.environ.get("EDGESKILL_TRAIN_THREADS", "1"))))
+    return run_worker(args.home, args.job_id, pause_s=args.pause)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

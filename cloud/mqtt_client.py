@@ -1,0 +1,247 @@
+"""The hub's broker connection: a paho client that reconnects on its own, bridged to asyncio.
+
+paho's network loop runs in its thread and reconnects with a capped backoff;
+each message is copied into an :class:`Incoming` there and handed to the asyncio
+loop with ``call_soon_threadsafe``. Subscriptions are (re)made on every
+connect, so a broker restart without persistence is survived too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from cloud.errors import TransportError
+from protos.errors import ProtocolError
+from protos.topics import MqttEndpoint
+
+__all__ = ["HubMqttClient", "Incoming", "clear_retained"]
+
+log = logging.getLogger(__name__)
+
+#: Hub sessions are short by default: Mosquitto keeps handing a share of the
+#: shared subscription to a dead hub's session until it expires.
+DEFAULT_HUB_SESSION_EXPIRY_S = 30
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One message from the broker, copied out of paho's thread."""
+
+    topic: str
+    payload: bytes
+    response_topic: str | None = None
+    correlation: bytes | None = None
+    user: tuple[tuple[str, str], ...] = ()
+    retained: bool = False
+
+
+def _incoming(msg: mqtt.MQTTMessage) -> Incoming:
+    props = msg.properties
+    rt = getattr(props, "ResponseTopic", None) if props is not None else None
+    corr = getattr(props, "CorrelationData", None) if props is not None else None
+    user = getattr(props, "UserProperty", ()) if props is not None else ()
+    return Incoming(
+        topic=msg.topic,
+        payload=bytes(msg.payload),
+        response_topic=str(rt) if rt is not None else None,
+        correlation=bytes(corr) if corr is not None else None,
+        user=tuple((str(k), str(v)) for k, v in user),
+        retained=bool(msg.retain),
+    )
+
+
+def _nodelay(client: mqtt.Client) -> None:
+    sock = client.socket()
+    if isinstance(sock, socket.socket):
+        # paho never sets it; Nagle stalls small replies by tens of milliseconds.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class HubMqttClient:
+    """One hub process's connection to the broker.
+
+    Args:
+        endpoint: the parsed broker URL.
+        subscriptions: filters and options, subscribed on every connect.
+        on_message: called on the asyncio loop for every message.
+        max_packet: largest packet the broker may send us (MQTT 5 Maximum Packet Size).
+    """
+
+    def __init__(
+        self,
+        endpoint: MqttEndpoint,
+        subscriptions: Sequence[tuple[str, SubscribeOptions]],
+        on_message: Callable[[Incoming], None],
+        *,
+        max_packet: int,
+        max_queued: int = 50_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self._subs = list(subscriptions)
+        self._on_message = on_message
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._subscribed = asyncio.Event()
+        self.connected = False
+        self._stopping = False
+        self.client_id = endpoint.client_id or (
+            f"es-hub-{endpoint.prefix_tag()}-{socket.gethostname()[:32]}-{os.getpid()}"
+        )
+        self._client = self._make_client(max_packet, max_queued)
+
+    def _make_client(self, max_packet: int, max_queued: int) -> mqtt.Client:
+        ep = self.endpoint
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
+        )
+        if ep.username:
+            client.username_pw_set(ep.username, ep.password)
+        if ep.tls:
+            client.tls_set_context(ssl.create_default_context(cafile=ep.ca_file))
+        client.reconnect_delay_set(1, 5)
+        client.max_queued_messages_set(max_queued)
+        props = Properties(PacketTypes.CONNECT)
+        expiry = ep.session_expiry_s
+        props.SessionExpiryInterval = DEFAULT_HUB_SESSION_EXPIRY_S if expiry is None else expiry
+        props.MaximumPacketSize = max_packet
+        self._connect_props = props
+        client.on_connect = self._paho_connect
+        client.on_disconnect = self._paho_disconnect
+        client.on_subscribe = lambda _c, _u, _mid, rcs, _p: self._post(self._subacked, rcs)
+        client.on_message = lambda _c, _u, msg: self._post(self._on_message, _incoming(msg))
+        return client
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed under us
+                loop.call_soon_threadsafe(fn, *args)
+
+    def _paho_connect(
+        self, client: mqtt.Client, _u: object, _f: object, rc: ReasonCode, _p: object
+    ) -> None:
+        if rc.is_failure:
+            log.warning("broker %s refused the hub: %s", self.endpoint.redacted(), rc)
+            return
+        _nodelay(client)
+        client.subscribe(self._subs)
+        self._post(self._set_connected, True)
+
+    def _paho_disconnect(
+        self, _c: mqtt.Client, _u: object, _f: object, rc: ReasonCode, _p: object
+    ) -> None:
+        self._post(self._set_connected, False, str(rc))
+
+    def _set_connected(self, up: bool, why: str = "") -> None:
+        if self.connected and not up and not self._stopping:
+            log.warning("lost the broker %s (%s); reconnecting", self.endpoint.redacted(), why)
+        self.connected = up
+
+    def _subacked(self, codes: list[ReasonCode]) -> None:
+        bad = [str(c) for c in codes if c.is_failure]
+        if bad:
+            log.error("broker refused hub subscriptions: %s", ", ".join(bad))
+            return
+        self._subscribed.set()
+
+    async def start(self, timeout_s: float = 10.0) -> None:
+        """Connect and subscribe; later losses are repaired in the background.
+
+        Raises:
+            TransportError: no connection and subscription within ``timeout_s``.
+        """
+        self._loop = asyncio.get_running_loop()
+        ep = self.endpoint
+        self._client.connect_async(
+            ep.host, ep.port, 30, clean_start=False, properties=self._connect_props
+        )
+        self._client.loop_start()
+        try:
+            await asyncio.wait_for(self._subscribed.wait(), timeout_s)
+        except TimeoutError as exc:
+            await self.stop()
+            raise TransportError(
+                f"the hub could not connect and subscribe to {ep.redacted()} in {timeout_s} s"
+            ) from exc
+
+    def publish(
+        self, topic: str, payload: bytes, *, retain: bool = False, props: Properties | None = None
+    ) -> bool:
+        """Queue a QoS 1 publish (sent after a reconnect if the broker is away).
+
+        Returns:
+            False when paho refused it (its queue is full).
+        """
+        info = self._client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        return info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
+
+    async def stop(self) -> None:
+        """Disconnect and stop paho's thread (bounded wait)."""
+        self._stopping = True
+        self._client.disconnect()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self._client.loop_stop), 5.0)
+        self.connected = False
+
+
+def clear_retained(url: str, timeout_s: float = 5.0) -> int:
+    """Delete every retained message under the URL's topic prefix (tests, the demo).
+
+    Returns:
+        How many retained topics were cleared.
+
+    Raises:
+        TransportError: the broker is unreachable or the URL is malformed.
+    """
+    try:
+        ep = MqttEndpoint.parse(url)
+    except ProtocolError as exc:
+        raise TransportError(str(exc)) from exc
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    if ep.username:
+        client.username_pw_set(ep.username, ep.password)
+    found: set[str] = set()
+    lock = threading.Lock()
+    last = [time.monotonic()]
+
+    def on_message(_c: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
+        if msg.retain and msg.payload:
+            with lock:
+                found.add(msg.topic)
+                last[0] = time.monotonic()
+
+    client.on_message = on_message
+    try:
+        client.connect(ep.host, ep.port, 10)
+    except OSError as exc:
+        raise TransportError(f"cannot reach {ep.redacted()}: {exc}") from exc
+    client.loop_start()
+    try:
+        client.subscribe(f"{ep.prefix}/#", qos=0)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and time.monotonic() - last[0] < 0.5:
+            time.sleep(0.05)
+        with lock:
+            topics = sorted(found)
+        infos = [client.publish(t, b"", qos=1, retain=True) for t in topics]
+        for info in infos:
+            info.wait_for_publish(timeout_s)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return len(topics)

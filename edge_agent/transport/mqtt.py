@@ -1,0 +1,439 @@
+"""The agent's MQTT 5 transport: one broker session per connection, same semantics as gRPC.
+
+paho runs its network loop in its own thread; every callback is handed to the
+asyncio loop with ``call_soon_threadsafe`` and all state is touched on that loop
+only. The session is persistent (``clean_start=False`` with a session expiry),
+everything travels at QoS 1, presence is a retained ``online`` plus a Last Will
+``offline``, and fetches are MQTT 5 request/response in windows of chunks.
+A lost connection ends the transport (``receive`` raises), as a broken gRPC
+stream does; the agent then opens a new one and the broker resumes the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from edge_agent.errors import TransportError
+from edge_agent.transport.base import AgentTransport, FetchAborted
+from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
+from protos.envelope import now_ms
+from protos.errors import ProtocolError
+from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint
+
+__all__ = ["CHUNK_CONTENT_TYPE", "ERROR_CONTENT_TYPE", "MqttAgentTransport"]
+
+log = logging.getLogger(__name__)
+
+CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
+ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
+#: Largest fetch chunk accepted; the broker is told not to send bigger packets at all.
+MAX_CHUNK_BYTES = 1024 * 1024
+_MAX_PACKET = MAX_CHUNK_BYTES + 64 * 1024
+_DEFAULT_SESSION_EXPIRY_S = 24 * 3600
+_DEFAULT_KEEPALIVE_S = 30
+_QUEUE_CAP = 1000
+_SEEN_CAP = 4096
+_UNACKED_CAP = 1000
+_REGISTER_RETRY_S = (2.0, 30.0)
+
+
+class _Lost(TransportError):
+    """The broker connection ended."""
+
+
+class MqttAgentTransport(AgentTransport):
+    """Talks to ``mqtt://host:port/prefix`` (or ``mqtts://``) as one device.
+
+    Raises:
+        TransportError: the URL is malformed (from the constructor).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        device_id: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        fetch_window: int = 32,
+        send_timeout_s: float = 30.0,
+    ) -> None:
+        try:
+            self._ep = MqttEndpoint.parse(url)
+            self._topics = self._ep.topics
+            self._status_topic = self._topics.status(device_id)
+        except ProtocolError as exc:
+            raise TransportError(str(exc)) from exc
+        self.url = self._ep.redacted()
+        self._device_id = device_id
+        self._connect_timeout_s = connect_timeout_s
+        self._send_timeout_s = send_timeout_s
+        self._fetch_window = max(1, min(fetch_window, 64))
+        self._client: mqtt.Client | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._incoming: asyncio.Queue[pb.Envelope | TransportError] = asyncio.Queue()
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+        self._fetches: dict[bytes, asyncio.Queue[tuple[str, bytes] | TransportError]] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._welcomed = asyncio.Event()
+        self._unacked: set[int] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._lost: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Messages from the broker this transport refused, by reason.
+        self.dropped: Counter[str] = Counter()
+
+    # -- paho thread -> asyncio loop ---------------------------------------------
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed under us: nothing to tell
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _make_client(self) -> mqtt.Client:
+        ep = self._ep
+        client_id = ep.client_id or f"es-{self._device_id}-{ep.prefix_tag()}"
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv5,
+            reconnect_on_failure=False,
+        )
+        # The user name defaults to the device id so broker ACLs can use %u.
+        client.username_pw_set(ep.username or self._device_id, ep.password)
+        if ep.tls:
+            client.tls_set_context(ssl.create_default_context(cafile=ep.ca_file))
+        client.connect_timeout = self._connect_timeout_s
+        client.will_set(self._status_topic, STATUS_OFFLINE, qos=1, retain=True)
+        client.on_connect = lambda _c, _u, flags, rc, _p: self._post(self._on_connack, rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._post(self._on_lost, str(rc))
+        client.on_subscribe = lambda _c, _u, mid, rcs, _p: self._post(self._on_suback, mid, rcs)
+        client.on_publish = lambda _c, _u, mid, _rc, _p: self._post(self._on_puback, mid)
+        client.on_message = lambda _c, _u, msg: self._post(self._on_message, *_unpack(msg))
+        return client
+
+    def _on_connack(self, rc: ReasonCode) -> None:
+        self._resolve("connack", None if not rc.is_failure else TransportError(f"refused: {rc}"))
+
+    def _on_suback(self, mid: int, codes: list[ReasonCode]) -> None:
+        bad = [str(c) for c in codes if c.is_failure]
+        self._resolve(f"sub-{mid}", TransportError(f"subscription refused: {bad}") if bad else None)
+
+    def _on_puback(self, mid: int) -> None:
+        self._unacked.discard(mid)
+        if len(self._unacked) < _UNACKED_CAP // 2:
+            self._drained.set()
+        self._resolve(f"pub-{mid}", None)
+
+    def _resolve(self, key: str, error: TransportError | None) -> None:
+        fut = self._waiters.pop(key, None)
+        if fut is not None and not fut.done():
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    def _on_lost(self, reason: str) -> None:
+        if self._lost is not None:
+            return
+        self._lost = reason
+        error = _Lost(f"connection to {self.url} lost: {reason}")
+        self._incoming.put_nowait(error)
+        for queue in self._fetches.values():
+            queue.put_nowait(error)
+        for key in list(self._waiters):
+            self._resolve(key, error)
+        self._drained.set()
+
+    def _on_message(self, topic: str, payload: bytes, corr: bytes | None, ctype: str) -> None:
+        if corr is not None and topic == self._topics.down(self._device_id, "fetch"):
+            queue = self._fetches.get(corr)
+            if queue is None or queue.qsize() >= 256:
+                self.dropped["stale-chunk"] += 1
+            else:
+                queue.put_nowait((ctype, payload))
+            return
+        try:
+            env = decode_envelope(payload)
+        except ProtocolError as exc:
+            self.dropped["malformed"] += 1
+            log.debug("dropped a message on %s: %s", topic, exc)
+            return
+        if env.id in self._seen:
+            self.dropped["duplicate"] += 1
+            return
+        self._seen[env.id] = None
+        if len(self._seen) > _SEEN_CAP:
+            self._seen.popitem(last=False)
+        if kind_of(env) == "welcome":
+            self._welcomed.set()
+        if self._incoming.qsize() >= _QUEUE_CAP:
+            self.dropped["overflow"] += 1  # acks come again on resend; desired is retained
+            return
+        self._incoming.put_nowait(env)
+
+    async def _wait(self, key: str) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[key] = fut
+        try:
+            await asyncio.wait_for(fut, self._connect_timeout_s)
+        except TimeoutError as exc:
+            raise TransportError(f"{self.url} did not answer ({key}) in time") from exc
+        finally:
+            self._waiters.pop(key, None)
+
+    # -- the AgentTransport interface ----------------------------------------------
+
+    async def connect(self, register: pb.Envelope) -> None:
+        """Connect to the broker, subscribe, announce presence and send ``register``.
+
+        Raises:
+            TransportError: the broker is unreachable, refused us, or did not answer in time.
+        """
+        self._loop = asyncio.get_running_loop()
+        client = self._client = self._make_client()
+        try:
+            await self._open_socket(client)
+            client.loop_start()
+            await self._wait("connack")
+            await self._subscribe(client, register)
+            self._publish(self._status_topic, STATUS_ONLINE, retain=True)
+            self._publish_envelope(register)
+        except BaseException:
+            await self.close()
+            raise
+        self._tasks.append(asyncio.create_task(self._retry_register(register)))
+
+    async def _open_socket(self, client: mqtt.Client) -> None:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = (
+            _DEFAULT_SESSION_EXPIRY_S
+            if self._ep.session_expiry_s is None
+            else self._ep.session_expiry_s
+        )
+        props.MaximumPacketSize = _MAX_PACKET
+        keepalive = self._ep.keepalive_s or _DEFAULT_KEEPALIVE_S
+        connect = asyncio.to_thread(
+            client.connect,
+            self._ep.host,
+            self._ep.port,
+            keepalive,
+            clean_start=False,
+            properties=props,
+        )
+        try:
+            await asyncio.wait_for(connect, self._connect_timeout_s + 1)
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"cannot reach the broker at {self.url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise TransportError(f"the broker at {self.url} did not answer in time") from exc
+        sock = client.socket()
+        if isinstance(sock, socket.socket):
+            # paho never sets it; Nagle adds tens of ms to small request/response traffic.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    async def _subscribe(self, client: mqtt.Client, register: pb.Envelope) -> None:
+        # Retained desired state is sent only for a new subscription; a resumed
+        # session gets what was queued for it instead of a second copy.
+        opts = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+        filters = [(self._topics.device_down_filter(self._device_id), opts)]
+        for key, value in sorted(register.register.labels.items()):
+            with contextlib.suppress(ProtocolError):  # a label that cannot name a topic
+                filters.append((self._topics.group_filter(key, value), opts))
+        rc, mid = client.subscribe(filters)
+        if rc != mqtt.MQTT_ERR_SUCCESS or mid is None:
+            raise TransportError(f"cannot subscribe: {mqtt.error_string(rc)}")
+        await self._wait(f"sub-{mid}")
+
+    async def _retry_register(self, register: pb.Envelope) -> None:
+        # A register published while no hub was subscribed is gone; ask again.
+        delay, cap = _REGISTER_RETRY_S
+        while not self._welcomed.is_set() and self._lost is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._welcomed.wait(), delay)
+            if self._welcomed.is_set() or self._lost is not None:
+                return
+            again = pb.Envelope()
+            again.CopyFrom(register)
+            again.id, again.sent_at_ms = new_id(), now_ms()
+            with contextlib.suppress(TransportError):
+                self._publish_envelope(again)
+            delay = min(cap, delay * 2)
+
+    def _check_open(self) -> mqtt.Client:
+        if self._client is None:
+            raise TransportError("not connected to the broker")
+        if self._lost is not None:
+            raise TransportError(f"connection to {self.url} lost: {self._lost}")
+        return self._client
+
+    def _publish(
+        self, topic: str, payload: bytes, *, retain: bool = False, props: Properties | None = None
+    ) -> int:
+        client = self._check_open()
+        info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            raise TransportError(f"publish on {topic} failed: {mqtt.error_string(info.rc)}")
+        self._unacked.add(info.mid)
+        if len(self._unacked) >= _UNACKED_CAP:
+            self._drained.clear()
+        return info.mid
+
+    def _publish_envelope(self, env: pb.Envelope) -> None:
+        try:
+            payload, kind = encode_envelope(env), kind_of(env)
+            topic = self._topics.up(self._device_id, kind)
+        except ProtocolError as exc:
+            raise TransportError(f"cannot send: {exc}") from exc
+        self._publish(topic, payload)
+
+    async def send(self, env: pb.Envelope) -> None:
+        """Publish one envelope at QoS 1 on this device's ``up`` topic for its kind.
+
+        Waits (bounded) while too many publishes await the broker's PUBACK.
+
+        Raises:
+            TransportError: not connected, the broker stopped acknowledging, or the
+                envelope is over the size cap.
+        """
+        self._check_open()
+        try:
+            await asyncio.wait_for(self._drained.wait(), self._send_timeout_s)
+        except TimeoutError as exc:
+            raise TransportError(f"{self.url} stopped acknowledging publishes") from exc
+        self._publish_envelope(env)
+
+    async def receive(self) -> pb.Envelope:
+        """Next envelope from the hub; duplicates and malformed messages are dropped.
+
+        Raises:
+            TransportError: not connected, or the connection was lost.
+        """
+        self._check_open()
+        item = await self._incoming.get()
+        if isinstance(item, TransportError):
+            self._incoming.put_nowait(item)  # every later caller sees the same end
+            raise item
+        return item
+
+    async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
+        self._check_open()
+        try:  # the hub serves registered devices only
+            await asyncio.wait_for(self._welcomed.wait(), self._connect_timeout_s)
+        except TimeoutError as exc:
+            raise TransportError(f"no welcome from the hub behind {self.url}") from exc
+        corr = new_id().encode()
+        queue: asyncio.Queue[tuple[str, bytes] | TransportError] = asyncio.Queue()
+        self._fetches[corr] = queue
+        try:
+            while True:
+                self._request_window(corr, path, offset, max_bytes)
+                for _ in range(self._fetch_window):
+                    chunk = await self._next_chunk(queue, path, offset, max_bytes)
+                    if chunk.offset < offset:
+                        continue  # a redelivered chunk already taken
+                    offset += len(chunk.data)
+                    yield chunk.data
+                    if chunk.last:
+                        return
+        finally:
+            self._fetches.pop(corr, None)
+
+    def _request_window(self, corr: bytes, path: str, offset: int, max_bytes: int) -> None:
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = self._topics.down(self._device_id, "fetch")
+        props.CorrelationData = corr
+        props.UserProperty = ("window", str(self._fetch_window))
+        req = pb.FetchRequest(
+            device_id=self._device_id, path=path, offset=offset, max_bytes=max_bytes
+        )
+        topic = self._topics.up(self._device_id, "fetch")
+        self._publish(topic, req.SerializeToString(), props=props)
+
+    async def _next_chunk(
+        self,
+        queue: asyncio.Queue[tuple[str, bytes] | TransportError],
+        path: str,
+        offset: int,
+        max_bytes: int,
+    ) -> pb.FetchChunk:
+        item = await queue.get()
+        if isinstance(item, TransportError):
+            raise item
+        ctype, payload = item
+        if ctype == ERROR_CONTENT_TYPE:
+            raise _fetch_error(path, payload)
+        chunk = pb.FetchChunk()
+        try:
+            chunk.ParseFromString(payload)
+        except Exception as exc:  # protobuf raises DecodeError and sometimes others
+            raise TransportError(f"bad fetch chunk for {path}") from exc
+        if len(chunk.data) > MAX_CHUNK_BYTES:
+            raise FetchAborted(f"a chunk of {path} is over the {MAX_CHUNK_BYTES} byte cap")
+        if chunk.total_size > max_bytes:
+            raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
+        if chunk.offset > offset:
+            raise TransportError(f"chunk of {path} at {chunk.offset}, expected {offset}")
+        return chunk
+
+    async def close(self) -> None:
+        """Say ``offline``, disconnect and stop paho's thread; safe to call twice."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._lost is None:
+            self._client = client
+            with contextlib.suppress(TransportError):
+                mid = self._publish(self._status_topic, STATUS_OFFLINE, retain=True)
+                await self._wait_puback(mid)
+            self._client = None
+            client.disconnect()
+        self._on_lost("closed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(client.loop_stop), 5.0)
+
+    async def _wait_puback(self, mid: int) -> None:
+        if mid not in self._unacked:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[f"pub-{mid}"] = fut
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, 2.0)
+
+
+def _unpack(msg: mqtt.MQTTMessage) -> tuple[str, bytes, bytes | None, str]:
+    """Copy what the agent needs out of a paho message (runs on paho's thread)."""
+    props = msg.properties
+    corr = getattr(props, "CorrelationData", None) if props is not None else None
+    ctype = getattr(props, "ContentType", "") if props is not None else ""
+    return msg.topic, bytes(msg.payload), bytes(corr) if corr is not None else None, str(ctype)
+
+
+def _fetch_error(path: str, payload: bytes) -> Exception:
+    err = pb.Error()
+    with contextlib.suppress(Exception):
+        err.ParseFromString(payload)
+    if err.code == "not-found":
+        return FileNotFoundError(path)
+    if err.code in ("too-large", "refused"):  # asking again would get the same answer
+        return FetchAborted(f"the hub refused {path}: {err.message[:500]}")
+    return TransportError(f"the hub refused the fetch of {path}: {err.code} {err.message[:500]}")

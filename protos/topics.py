@@ -1,0 +1,270 @@
+"""The MQTT topic layout and hub URLs, shared by the hub and the agent.
+
+Every topic lives under a configurable prefix (the path of the hub URL,
+``edgeskill/v1`` by default):
+
+========================================  ===========  ========  ==========================
+topic                                     direction    retained  payload
+========================================  ===========  ========  ==========================
+``{p}/dev/{device}/up/{kind}``            device → hub no        Envelope of that kind
+``{p}/dev/{device}/up/fetch``             device → hub no        FetchRequest (+ response
+                                                                 topic, correlation data)
+``{p}/dev/{device}/down/{kind}``          hub → device desired   Envelope of that kind
+``{p}/dev/{device}/down/fetch``           hub → device no        FetchChunk or Error
+``{p}/dev/{device}/status``               device/Will  yes       ``online`` / ``offline``
+``{p}/grp/{key}={value}/down/{kind}``     hub → group  no        Envelope (label groups)
+========================================  ===========  ========  ==========================
+
+The hub reads device traffic through shared subscriptions
+(``$share/{group}/{p}/dev/+/up/+``) so several hub processes split the load.
+On a broker with access control, let a device publish only under its own
+``{p}/dev/{device}/`` (Mosquitto: ``pattern write {p}/dev/%u/#`` with the device
+id as user name, which is the agent's default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from protos.errors import ProtocolError
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DOWN_KINDS",
+    "STATUS_OFFLINE",
+    "STATUS_ONLINE",
+    "UP_KINDS",
+    "MqttEndpoint",
+    "TopicRef",
+    "Topics",
+]
+
+DEFAULT_PREFIX = "edgeskill/v1"
+#: Message kinds a device may publish, by topic.
+UP_KINDS = frozenset({"register", "heartbeat", "reported", "telemetry", "ack", "fetch"})
+#: Message kinds the hub publishes to a device.
+DOWN_KINDS = frozenset({"welcome", "desired", "ack", "error", "fetch"})
+STATUS_ONLINE = b"online"
+STATUS_OFFLINE = b"offline"
+
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_LABEL_LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}=[A-Za-z0-9._-]{1,64}$")
+_MAX_PREFIX = 128
+_MAX_SESSION_EXPIRY = 2**32 - 1
+Area = Literal["up", "down", "status"]
+
+
+def _check_prefix(prefix: str) -> str:
+    levels = prefix.split("/")
+    if not prefix or len(prefix) > _MAX_PREFIX or not all(_LEVEL_RE.match(lv) for lv in levels):
+        raise ProtocolError(
+            f"bad topic prefix {prefix!r}: 1..{_MAX_PREFIX} characters, levels of [A-Za-z0-9._-]"
+        )
+    return prefix
+
+
+def _check_device(device_id: str) -> str:
+    if not _DEVICE_RE.match(device_id):
+        raise ProtocolError(f"bad device id {device_id!r}")
+    return device_id
+
+
+@dataclass(frozen=True)
+class TopicRef:
+    """What a device topic names: the device, up/down/status, and the message kind."""
+
+    device_id: str
+    area: Area
+    kind: str
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Builds and parses the topics under one prefix.
+
+    Raises:
+        ProtocolError: the prefix is empty, too long, or has wildcard or odd characters.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        _check_prefix(self.prefix)
+
+    def up(self, device_id: str, kind: str) -> str:
+        """Topic a device publishes messages of ``kind`` on.
+
+        Raises:
+            ProtocolError: a bad device id or a kind devices may not send.
+        """
+        if kind not in UP_KINDS:
+            raise ProtocolError(f"devices may not send {kind!r}")
+        return f"{self.prefix}/dev/{_check_device(device_id)}/up/{kind}"
+
+    def down(self, device_id: str, kind: str) -> str:
+        """Topic the hub publishes messages of ``kind`` to one device on.
+
+        Raises:
+            ProtocolError: a bad device id or a kind the hub does not send.
+        """
+        if kind not in DOWN_KINDS:
+            raise ProtocolError(f"the hub does not send {kind!r}")
+        return f"{self.prefix}/dev/{_check_device(device_id)}/down/{kind}"
+
+    def status(self, device_id: str) -> str:
+        """The retained presence topic of a device (also its Last Will topic).
+
+        Raises:
+            ProtocolError: a bad device id.
+        """
+        return f"{self.prefix}/dev/{_check_device(device_id)}/status"
+
+    def device_down_filter(self, device_id: str) -> str:
+        """Filter a device subscribes to for everything addressed to it.
+
+        Raises:
+            ProtocolError: a bad device id.
+        """
+        return f"{self.prefix}/dev/{_check_device(device_id)}/down/#"
+
+    def group_down(self, key: str, value: str, kind: str) -> str:
+        """Topic for messages to every device carrying the label ``key=value``.
+
+        Raises:
+            ProtocolError: the label or the kind cannot be used in a topic.
+        """
+        if kind not in DOWN_KINDS:
+            raise ProtocolError(f"the hub does not send {kind!r}")
+        return f"{self.group_filter(key, value)[:-2]}/{kind}"
+
+    def group_filter(self, key: str, value: str) -> str:
+        """Filter a device with the label ``key=value`` subscribes to.
+
+        Raises:
+            ProtocolError: the label has characters that are not allowed in a topic level.
+        """
+        level = f"{key}={value}"
+        if not _LABEL_LEVEL_RE.match(level):
+            raise ProtocolError(f"label {level!r} cannot name a topic")
+        return f"{self.prefix}/grp/{level}/down/#"
+
+    def hub_filters(self, share_group: str) -> list[str]:
+        """Shared-subscription filters the hub reads device traffic and presence through.
+
+        Raises:
+            ProtocolError: a bad share group name.
+        """
+        if not _LEVEL_RE.match(share_group):
+            raise ProtocolError(f"bad share group {share_group!r}")
+        share = f"$share/{share_group}/{self.prefix}/dev/+"
+        return [f"{share}/up/+", f"{share}/status"]
+
+    def desired_filter(self) -> str:
+        """Filter over every device's retained desired state."""
+        return f"{self.prefix}/dev/+/down/desired"
+
+    def parse(self, topic: str) -> TopicRef:
+        """Split a device topic into device id, area and kind.
+
+        Raises:
+            ProtocolError: not a device topic under this prefix, a bad device id or kind.
+        """
+        head = f"{self.prefix}/dev/"
+        if not topic.startswith(head):
+            raise ProtocolError(f"topic {topic[:200]!r} is not under {head}")
+        parts = topic[len(head) :].split("/")
+        device = _check_device(parts[0])
+        if parts[1:] == ["status"]:
+            return TopicRef(device, "status", "status")
+        if len(parts) == 3 and parts[1] == "up" and parts[2] in UP_KINDS:
+            return TopicRef(device, "up", parts[2])
+        if len(parts) == 3 and parts[1] == "down" and parts[2] in DOWN_KINDS:
+            return TopicRef(device, "down", parts[2])
+        raise ProtocolError(f"topic {topic[:200]!r} names no known message kind")
+
+
+@dataclass(frozen=True)
+class MqttEndpoint:
+    """An ``mqtt://`` or ``mqtts://`` hub URL, parsed and checked.
+
+    ``mqtt://user:pass@host:1883/edgeskill/v1?session_expiry=3600&keepalive=20``:
+    the path is the topic prefix; the query may set ``client_id``,
+    ``session_expiry`` (seconds the broker keeps a session after a disconnect),
+    ``keepalive`` (seconds), ``share`` (the hub's shared-subscription group) and
+    ``ca`` (a CA file for ``mqtts``).
+    """
+
+    host: str
+    port: int
+    tls: bool
+    prefix: str
+    username: str | None
+    password: str | None
+    client_id: str | None
+    session_expiry_s: int | None
+    keepalive_s: int | None
+    share_group: str
+    ca_file: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> MqttEndpoint:
+        """Parse ``url``.
+
+        Raises:
+            ProtocolError: not an ``mqtt(s)://`` URL, no host, or a bad prefix or option.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ProtocolError(f"{url!r} is not an mqtt://host[:port][/prefix] URL")
+        try:
+            port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
+        except ValueError as exc:
+            raise ProtocolError(f"bad port in {url!r}") from exc
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(query) - {"client_id", "session_expiry", "keepalive", "share", "ca"}
+        if unknown:
+            raise ProtocolError(f"unknown MQTT URL options: {', '.join(sorted(unknown))}")
+        return cls(
+            host=parts.hostname,
+            port=port,
+            tls=parts.scheme == "mqtts",
+            prefix=_check_prefix(unquote(parts.path.strip("/")) or DEFAULT_PREFIX),
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            client_id=query.get("client_id"),
+            session_expiry_s=_int_option(query, "session_expiry", 0, _MAX_SESSION_EXPIRY),
+            keepalive_s=_int_option(query, "keepalive", 1, 3600),
+            share_group=query.get("share", "edgeskill-hub"),
+            ca_file=query.get("ca"),
+        )
+
+    @property
+    def topics(self) -> Topics:
+        """The topic layout under this endpoint's prefix."""
+        return Topics(self.prefix)
+
+    def prefix_tag(self) -> str:
+        """A short stable tag of host, port and prefix, for client ids."""
+        return hashlib.sha256(f"{self.host}:{self.port}/{self.prefix}".encode()).hexdigest()[:8]
+
+    def redacted(self) -> str:
+        """The URL without credentials or options, for logs."""
+        scheme = "mqtts" if self.tls else "mqtt"
+        return f"{scheme}://{self.host}:{self.port}/{self.prefix}"
+
+
+def _int_option(query: dict[str, str], name: str, low: int, high: int) -> int | None:
+    if name not in query:
+        return None
+    try:
+        value = int(query[name])
+    except ValueError as exc:
+        raise ProtocolError(f"MQTT URL option {name} must be an integer") from exc
+    if not low <= value <= high:
+        raise ProtocolError(f"MQTT URL option {name} must be in {low}..{high}")
+    return value

@@ -1,0 +1,295 @@
+"""The hub's MQTT adapter, in process, against the real broker and a real SQLite store.
+
+Devices are the agent's own MQTT transport; the attacker is plain paho.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from cloud.hub import Hub
+from cloud.hubcore import HubCore
+from cloud.mqtt_client import clear_retained
+from cloud.mqtt_server import MqttHubServer, MqttServerSettings, start_mqtt_server
+from edge_agent.errors import TransportError
+from edge_agent.transport.mqtt import MqttAgentTransport
+from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
+from protos.topics import MqttEndpoint
+
+pytestmark = pytest.mark.mqtt
+
+FAST = MqttServerSettings(poll_interval_s=0.2)
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    value = f"mqtt://127.0.0.1:1883/es-test/{uuid.uuid4().hex[:12]}?session_expiry=30&keepalive=5"
+    yield value
+    clear_retained(value)
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Hub]:
+    opened = Hub.init(tmp_path / "hub")
+    opened.store.add_skill_version(
+        "digits",
+        "1.0.0",
+        target_name="digits/d.skill",
+        sha256="a" * 64,
+        size=1,
+        manifest="",
+        now_ms=1,
+    )
+    opened.store.create_group("cameras", "kind=camera")
+    yield opened
+    opened.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    hub: Hub, url: str, settings: MqttServerSettings = FAST
+) -> AsyncIterator[MqttHubServer]:
+    server = await start_mqtt_server(hub.core(), url, settings)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def device(
+    url: str, device_id: str, labels: dict[str, str] | None = None
+) -> AsyncIterator[MqttAgentTransport]:
+    t = MqttAgentTransport(url, device_id)
+    await t.connect(
+        make_envelope(device_id, register=pb.Register(labels=labels or {"kind": "camera"}))
+    )
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+async def next_of(t: MqttAgentTransport, kind: str, timeout_s: float = 5.0) -> pb.Envelope:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            env = await t.receive()
+            if kind_of(env) == kind:
+                return env
+
+
+def telemetry(device_id: str, seq: int = 1) -> pb.Envelope:
+    msg = pb.Telemetry(skill="digits", version="1.0.0", inferences=5, metrics={"seq": float(seq)})
+    return make_envelope(device_id, telemetry=msg)
+
+
+async def eventually(check: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def raw_client() -> mqtt.Client:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.connect("127.0.0.1", 1883)
+    client.loop_start()
+    return client
+
+
+def test_register_over_mqtt_answers_like_the_core(hub: Hub, url: str) -> None:
+    hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=2)
+
+    async def main() -> None:
+        async with serving(hub, url), device(url, "cam-1") as cam:
+            welcome = await next_of(cam, "welcome")
+            desired = await next_of(cam, "desired")
+        direct = await HubCore(hub.store, hub.trust).register(
+            make_envelope("cam-2", register=pb.Register(labels={"kind": "camera"}))
+        )
+        assert [kind_of(e) for e in direct] == ["welcome", "desired"]
+        assert welcome.welcome == direct[0].welcome
+        assert desired.desired == direct[1].desired
+        assert [s.version for s in desired.desired.skills] == ["1.0.0"]
+
+    asyncio.run(main())
+
+
+def test_telemetry_is_stored_once_and_every_copy_is_acked(hub: Hub, url: str) -> None:
+    async def main() -> None:
+        async with serving(hub, url) as server, device(url, "cam-1") as cam:
+            await next_of(cam, "welcome")
+            env = telemetry("cam-1")
+            for _ in range(2):  # the second copy is what an agent resends after a lost ack
+                await cam.send(env)
+                ack = await next_of(cam, "ack")
+                assert list(ack.ack.ids) == [env.id]
+            assert server.core.handled["telemetry"] == 1
+            assert server.core.handled["duplicate"] == 1
+        assert len(hub.store.telemetry_for("cam-1")) == 1
+
+    asyncio.run(main())
+
+
+def test_bad_messages_are_dropped_and_counted_while_others_are_served(hub: Hub, url: str) -> None:
+    topics = MqttEndpoint.parse(url).topics
+
+    async def main() -> None:
+        async with (
+            serving(hub, url) as server,
+            device(url, "cam-1") as cam,
+            device(url, "cam-2") as cam2,
+        ):
+            await next_of(cam, "welcome")
+            await next_of(cam2, "welcome")
+            attacker = raw_client()
+            try:
+                send = lambda topic, payload, **kw: attacker.publish(topic, payload, qos=1, **kw)  # noqa: E731
+                send(topics.up("cam-1", "telemetry"), b"\x08\x96\x01 not protobuf")
+                send(
+                    topics.up("cam-1", "telemetry"),
+                    encode_envelope(telemetry("cam-1"))[:10] + b"x" * 300_000,
+                )
+                send(topics.up("ghost", "telemetry"), encode_envelope(telemetry("ghost")))
+                send(topics.up("cam-2", "telemetry"), encode_envelope(telemetry("cam-1")))
+                send(
+                    topics.up("cam-1", "telemetry"),
+                    encode_envelope(make_envelope("cam-1", heartbeat=pb.Heartbeat())),
+                )
+                props = Properties(PacketTypes.PUBLISH)
+                props.ResponseTopic = topics.down(
+                    "cam-2", "fetch"
+                )  # chunks aimed at another device
+                props.CorrelationData = b"c1"
+                req = pb.FetchRequest(
+                    device_id="cam-1", path="metadata/root.json", max_bytes=1 << 20
+                )
+                send(topics.up("cam-1", "fetch"), req.SerializeToString(), properties=props)
+                expected = {
+                    "malformed": 1,
+                    "oversized": 1,
+                    "unknown-device": 1,
+                    "spoofed": 1,
+                    "wrong-topic": 1,
+                    "bad-fetch": 1,
+                }
+                await eventually(lambda: server.core.dropped == expected)
+            finally:
+                attacker.disconnect()
+                attacker.loop_stop()
+            good = telemetry("cam-2")
+            await cam2.send(good)
+            assert list((await next_of(cam2, "ack")).ack.ids) == [good.id]
+        assert [r.device_id for r in hub.store.telemetry_for()] == ["cam-2"]
+        assert hub.store.get_device("ghost") is None
+
+    asyncio.run(main())
+
+
+def test_desired_changes_reach_devices_and_stay_retained(hub: Hub, url: str) -> None:
+    topic = MqttEndpoint.parse(url).topics.down("cam-1", "desired")
+
+    async def main() -> None:
+        async with serving(hub, url), device(url, "cam-1") as cam:
+            assert (await next_of(cam, "desired")).desired.generation == 0
+            # a deployment made outside this hub process (the CLI, another hub)
+            hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=3)
+            pushed = await next_of(cam, "desired")
+            assert pushed.desired.generation == 1
+            assert [s.version for s in pushed.desired.skills] == ["1.0.0"]
+        got: list[bytes] = []
+        reader = raw_client()
+        reader.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload))
+        reader.subscribe(topic, qos=1)
+        await eventually(lambda: got)
+        reader.disconnect()
+        reader.loop_stop()
+        assert decode_envelope(got[0]).desired.generation == 1
+
+    asyncio.run(main())
+
+
+def test_presence_follows_status_and_the_last_will(hub: Hub, url: str) -> None:
+    online = lambda: (dev := hub.store.get_device("cam-1")) is not None and dev.online  # noqa: E731
+
+    async def main() -> None:
+        async with serving(hub, url):
+            async with device(url, "cam-1") as cam:
+                await next_of(cam, "welcome")
+                await eventually(online)
+            await eventually(lambda: not online())  # a clean close says offline itself
+            cam = MqttAgentTransport(url, "cam-1")
+            await cam.connect(make_envelope("cam-1", register=pb.Register()))
+            await next_of(cam, "welcome")
+            await eventually(online)
+            sock = cam._client.socket() if cam._client else None
+            assert isinstance(sock, socket.socket)
+            sock.shutdown(socket.SHUT_RDWR)  # no DISCONNECT: the broker publishes the Will
+            await eventually(lambda: not online())
+            with pytest.raises(TransportError):
+                await asyncio.wait_for(cam.receive(), 5)
+            await cam.close()
+
+    asyncio.run(main())
+
+
+def test_two_hub_processes_split_the_device_traffic(hub: Hub, url: str) -> None:
+    base, query = url.split("?")
+
+    async def main() -> None:
+        async with (
+            serving(hub, f"{base}?{query}&client_id=hub-a-{uuid.uuid4().hex[:6]}") as a,
+            serving(hub, f"{base}?{query}&client_id=hub-b-{uuid.uuid4().hex[:6]}") as b,
+        ):
+            async with contextlib.AsyncExitStack() as stack:
+                cams = [await stack.enter_async_context(device(url, f"cam-{i}")) for i in range(6)]
+                for cam in cams:
+                    await next_of(cam, "welcome")
+                sent = []
+                for seq in range(4):
+                    for i, cam in enumerate(cams):
+                        env = telemetry(f"cam-{i}", seq)
+                        sent.append(env.id)
+                        await cam.send(env)
+                acked = [
+                    i for cam in cams for _ in range(4) for i in (await next_of(cam, "ack")).ack.ids
+                ]
+                assert sorted(acked) == sorted(sent)
+            assert a.core.handled["telemetry"] > 0
+            assert b.core.handled["telemetry"] > 0
+            assert a.core.handled["telemetry"] + b.core.handled["telemetry"] == 24
+        assert len(hub.store.telemetry_for()) == 24
+
+    asyncio.run(main())
+
+
+def test_fetch_serves_signed_files_in_chunks(hub: Hub, url: str, tmp_path: Path) -> None:
+    payload = bytes(range(256)) * 3000  # 750 KiB: twelve 64 KiB chunks
+    (tmp_path / "blob.bin").write_bytes(payload)
+    hub.trust.add_target("blobs/blob.bin", tmp_path / "blob.bin")
+    served = next((hub.home / "trust" / "targets" / "blobs").iterdir()).name
+
+    async def main() -> None:
+        async with serving(hub, url), device(url, "cam-1") as cam:
+            await next_of(cam, "welcome")
+            assert await cam.fetch(f"targets/blobs/{served}", 1 << 20) == payload
+            root = await cam.fetch("metadata/1.root.json", 1 << 20)
+            assert b'"_type": "root"' in root or b'"_type":"root"' in root
+            with pytest.raises(FileNotFoundError):
+                await cam.fetch("targets/blobs/nothing.bin", 1 << 20)
+            with pytest.raises(TransportError, match="refused"):
+                await cam.fetch("targets/../hub.db", 1 << 20)
+
+    asyncio.run(main())
