@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from rich.console import Console
 
 from converters.digits import DigitsData, load_digits_data, train_digits
 from converters.onnx_export import check_onnx, export_onnx
+from converters.quantize import quantize_int8
 from skills.bundle import build_bundle
 from skills.manifest import Manifest, ModelVariant
 
@@ -57,18 +59,41 @@ def train_digits_onnx(
     return TrainedModel(out, accuracy, max_diff, data)
 
 
+@dataclass(frozen=True)
+class VariantFile:
+    """A model file for one target and precision."""
+
+    target: str
+    precision: str
+    path: Path
+
+
+def quantized_variants(trained: TrainedModel, out_dir: Path) -> list[VariantFile]:
+    """The float model and its INT8 (static, calibrated) variant for ONNX Runtime.
+
+    Raises:
+        ConverterError: quantisation failed.
+    """
+    int8 = quantize_int8(
+        trained.onnx_path, out_dir / "digits-int8.onnx", trained.data.train.x[:300]
+    )
+    return [
+        VariantFile("onnx-cpu", "fp32", trained.onnx_path),
+        VariantFile("onnx-cpu", "int8", int8),
+    ]
+
+
 def build_skill(
     source: Path,
     version: str,
-    models: dict[str, Path],
+    models: Sequence[VariantFile],
     out_dir: Path,
     *,
     config: dict[str, str] | None = None,
 ) -> Path:
     """Build a bundle from a skill source folder with the given model files.
 
-    ``models`` maps a target (``onnx-cpu``) to a model file; every file becomes
-    a variant of the model named ``classifier``.
+    Every file becomes a variant of the model named ``classifier``.
 
     Raises:
         SkillError: the source or a model is malformed.
@@ -79,12 +104,11 @@ def build_skill(
         manifest = Manifest.from_toml((work / "skill.toml").read_text(encoding="utf-8"))
         (work / "models").mkdir(exist_ok=True)
         variants = []
-        for target, path in models.items():
-            rel = f"models/classifier-{target}{path.suffix}"
-            shutil.copyfile(path, work / rel)
-            precision = "int8" if "int8" in path.name else "fp32"
+        for v in models:
+            rel = f"models/classifier-{v.target}-{v.precision}{v.path.suffix}"
+            shutil.copyfile(v.path, work / rel)
             variants.append(
-                ModelVariant(model="classifier", target=target, path=rel, precision=precision)
+                ModelVariant(model="classifier", target=v.target, path=rel, precision=v.precision)
             )
         manifest = Manifest(
             name=manifest.name,

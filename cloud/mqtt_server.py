@@ -19,26 +19,28 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from cloud.errors import HubError, TransportError
 from cloud.hubcore import HubCore, desired_envelope
 from cloud.mqtt_client import HubMqttClient, Incoming
+from cloud.mqtt_fetch import FetchReply, requested_window
 from protos import MAX_ENVELOPE_BYTES, decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
-from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint, TopicRef
+from protos.topics import (
+    STATUS_OFFLINE,
+    STATUS_ONLINE,
+    MqttEndpoint,
+    TopicRef,
+)
 from skills.errors import SkillError
 
 __all__ = [
-    "CHUNK_CONTENT_TYPE",
-    "ERROR_CONTENT_TYPE",
     "MqttHubServer",
     "MqttServerSettings",
     "start_mqtt_server",
@@ -46,8 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
-ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
 _MAX_FETCH_REQUEST = 4096
 _ACKED_KINDS = ("reported", "telemetry")
 
@@ -328,8 +328,8 @@ class MqttHubServer:
             if req is None:
                 return
             assert msg.correlation is not None and msg.response_topic is not None
-            reply = _Reply(self, msg.response_topic, msg.correlation)
-            window = _window(msg, self.settings.max_fetch_window)
+            reply = FetchReply(self._publish_reply, msg.response_topic, msg.correlation)
+            window = requested_window(msg.user, self.settings.max_fetch_window)
             try:
                 size, chunks = await asyncio.to_thread(
                     self.core.open_fetch, req.path, req.offset, req.max_bytes
@@ -344,7 +344,11 @@ class MqttHubServer:
                 reply.error("refused", str(exc))
                 return
             with contextlib.closing(chunks):
-                await reply.chunks(chunks, req.offset, size, window)
+                if not await reply.chunks(chunks, req.offset, size, window):
+                    self._drop("publish-failed")
+
+    def _publish_reply(self, topic: str, payload: bytes, props: Properties) -> bool:
+        return self.mqtt.publish(topic, payload, props=props)
 
     async def _fetch_request(self, device: str, msg: Incoming) -> pb.FetchRequest | None:
         corr, rt = msg.correlation, msg.response_topic
@@ -365,50 +369,9 @@ class MqttHubServer:
             return None
         if not await self._is_known(device):
             self._drop("unknown-device")
-            _Reply(self, rt, corr).error("unknown-device", "register first")
+            FetchReply(self._publish_reply, rt, corr).error("unknown-device", "register first")
             return None
         return req
-
-
-def _window(msg: Incoming, cap: int) -> int:
-    for key, value in msg.user:
-        if key == "window" and value.isdigit():
-            return max(1, min(int(value), cap))
-    return min(32, cap)
-
-
-class _Reply:
-    """Publishes one fetch response: chunks or an error, with the request's correlation."""
-
-    def __init__(self, server: MqttHubServer, topic: str, corr: bytes) -> None:
-        self._server, self._topic, self._corr = server, topic, corr
-
-    def _props(self, content_type: str) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)
-        props.CorrelationData = self._corr
-        props.ContentType = content_type
-        return props
-
-    def error(self, code: str, message: str) -> None:
-        body = pb.Error(code=code, message=message[:1000]).SerializeToString()
-        self._server.mqtt.publish(self._topic, body, props=self._props(ERROR_CONTENT_TYPE))
-
-    async def chunks(self, chunks: Iterator[bytes], offset: int, size: int, window: int) -> None:
-        props = self._props(CHUNK_CONTENT_TYPE)
-        for _ in range(window):
-            data = await asyncio.to_thread(next, chunks, None)
-            if data is None and offset < size:
-                return
-            data = data or b""
-            offset += len(data)
-            chunk = pb.FetchChunk(
-                offset=offset - len(data), data=data, total_size=size, last=offset >= size
-            )
-            if not self._server.mqtt.publish(self._topic, chunk.SerializeToString(), props=props):
-                self._server._drop("publish-failed")
-                return
-            if chunk.last:
-                return
 
 
 async def start_mqtt_server(

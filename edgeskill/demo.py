@@ -24,14 +24,22 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from cloud.factory import LIBRARY, build_skill, train_digits_onnx, write_holdout
+from cloud.factory import (
+    LIBRARY,
+    build_skill,
+    quantized_variants,
+    train_digits_onnx,
+    write_holdout,
+)
 from cloud.hub import Hub
 from protos.envelope import now_ms
 
+# (device, labels, board): boards come from the agent's profile table, so the two
+# cameras pick different model variants from the same bundle (see `variant`).
 DEVICES = [
-    ("cam-1", ["kind=camera", "site=plant-3"]),
-    ("cam-2", ["kind=camera", "site=plant-3"]),
-    ("gw-1", ["kind=gateway", "site=plant-3"]),
+    ("cam-1", ["kind=camera"], "x86-cpu"),
+    ("cam-2", ["kind=camera"], "arm-cpu"),
+    ("gw-1", ["kind=gateway"], "x86-cpu"),
 ]
 
 
@@ -92,7 +100,13 @@ class Fleet:
 
 
 def agent_args(
-    hub_url: str, device_id: str, labels: list[str], state: Path, root: Path, source: Path | None
+    hub_url: str,
+    device_id: str,
+    labels: list[str],
+    state: Path,
+    root: Path,
+    source: Path | None,
+    board: str | None = None,
 ) -> list[str]:
     """Command-line arguments of ``edgeskill agent run`` for one device."""
     args = ["agent", "run", "--hub", hub_url, "--device-id", device_id, "--state-dir", str(state)]
@@ -101,6 +115,8 @@ def agent_args(
         args += ["--label", label]
     if source is not None:
         args += ["--source", str(source)]
+    if board is not None:
+        args += ["--board", board]
     return args
 
 
@@ -151,9 +167,8 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
         f"trained digits CNN: test accuracy {trained.accuracy:.3f}, "
         f"ONNX matches torch to {trained.max_diff:.1e}"
     )
-    bundle = build_skill(
-        LIBRARY / "digits", "1.0.0", {"onnx-cpu": trained.onnx_path}, work / "dist"
-    )
+    variants = quantized_variants(trained, work / "models")
+    bundle = build_skill(LIBRARY / "digits", "1.0.0", variants, work / "dist")
     rec = hub.push(bundle)
     console.print(f"built and signed {rec.target_name} ({rec.size} bytes)")
     holdout = work / "holdout.npz"
@@ -163,10 +178,10 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
     try:
         hub_url = _start_hub(fleet, hub, work, transport)
         root = work / "hub" / "trust" / "metadata" / "root.json"
-        for device_id, labels in DEVICES:
+        for device_id, labels, board in DEVICES:
+            state = work / "agents" / device_id
             fleet.start(
-                device_id,
-                agent_args(hub_url, device_id, labels, work / "agents" / device_id, root, holdout),
+                device_id, agent_args(hub_url, device_id, labels, state, root, holdout, board)
             )
         wait_until(
             lambda: len(hub.store.list_devices()) == len(DEVICES), 60, "three agents to register"
@@ -248,10 +263,12 @@ def _print_table(console: Console, hub: Hub, count: int) -> bool:
         "inferences",
         "accuracy",
         "p50 latency",
+        "board",
+        "variant",
         title="EdgeSkill demo",
     )
     ok = True
-    for device_id, labels in DEVICES:
+    for device_id, labels, board in DEVICES:
         rep = hub.store.reported_for(device_id)
         skill = rep.skills[0] if rep and rep.skills else None
         s = summary.get(device_id)
@@ -268,6 +285,13 @@ def _print_table(console: Console, hub: Hub, count: int) -> bool:
             str(s.inferences) if s else "0",
             f"{s.accuracy:.3f}" if s and s.labelled else "-",
             f"{s.latency_p50_ms:.2f} ms" if s else "-",
+            board,
+            _short_variant(skill.variant) if skill else "-",
         )
     console.print(table)
     return ok
+
+
+def _short_variant(variant: str) -> str:
+    # "classifier=onnx-cpu/int8 on onnxruntime/CPUExecutionProvider" -> "onnx-cpu/int8"
+    return variant.split("=", 1)[-1].split(" on ", 1)[0] if variant else "-"

@@ -33,8 +33,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from protos.errors import ProtocolError
 
 __all__ = [
+    "CHUNK_CONTENT_TYPE",
     "DEFAULT_PREFIX",
     "DOWN_KINDS",
+    "ERROR_CONTENT_TYPE",
     "STATUS_OFFLINE",
     "STATUS_ONLINE",
     "UP_KINDS",
@@ -50,6 +52,10 @@ UP_KINDS = frozenset({"register", "heartbeat", "reported", "telemetry", "ack", "
 DOWN_KINDS = frozenset({"welcome", "desired", "ack", "error", "fetch"})
 STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
+#: MQTT 5 content types of fetch responses: a FetchChunk, or an Error (codes
+#: ``not-found``, ``too-large``, ``refused``, ``unknown-device``).
+CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
+ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
 
 _DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

@@ -28,20 +28,17 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.errors import TransportError
-from edge_agent.transport.base import AgentTransport, FetchAborted
+from edge_agent.transport.base import AgentTransport
+from edge_agent.transport.mqtt_fetch import MAX_CHUNK_BYTES, read_chunk, window_request
 from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint
 
-__all__ = ["CHUNK_CONTENT_TYPE", "ERROR_CONTENT_TYPE", "MqttAgentTransport"]
+__all__ = ["MqttAgentTransport"]
 
 log = logging.getLogger(__name__)
 
-CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
-ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
-#: Largest fetch chunk accepted; the broker is told not to send bigger packets at all.
-MAX_CHUNK_BYTES = 1024 * 1024
 _MAX_PACKET = MAX_CHUNK_BYTES + 64 * 1024
 _DEFAULT_SESSION_EXPIRY_S = 24 * 3600
 _DEFAULT_KEEPALIVE_S = 30
@@ -188,11 +185,11 @@ class MqttAgentTransport(AgentTransport):
             return
         self._incoming.put_nowait(env)
 
-    async def _wait(self, key: str) -> None:
+    async def _wait(self, key: str, timeout_s: float | None = None) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._waiters[key] = fut
         try:
-            await asyncio.wait_for(fut, self._connect_timeout_s)
+            await asyncio.wait_for(fut, timeout_s or self._connect_timeout_s)
         except TimeoutError as exc:
             raise TransportError(f"{self.url} did not answer ({key}) in time") from exc
         finally:
@@ -343,9 +340,18 @@ class MqttAgentTransport(AgentTransport):
         self._fetches[corr] = queue
         try:
             while True:
-                self._request_window(corr, path, offset, max_bytes)
+                req = pb.FetchRequest(
+                    device_id=self._device_id, path=path, offset=offset, max_bytes=max_bytes
+                )
+                topic, payload, props = window_request(
+                    self._topics, self._device_id, corr, req, self._fetch_window
+                )
+                self._publish(topic, payload, props=props)
                 for _ in range(self._fetch_window):
-                    chunk = await self._next_chunk(queue, path, offset, max_bytes)
+                    item = await queue.get()
+                    if isinstance(item, TransportError):
+                        raise item
+                    chunk = read_chunk(*item, path, offset, max_bytes)
                     if chunk.offset < offset:
                         continue  # a redelivered chunk already taken
                     offset += len(chunk.data)
@@ -354,43 +360,6 @@ class MqttAgentTransport(AgentTransport):
                         return
         finally:
             self._fetches.pop(corr, None)
-
-    def _request_window(self, corr: bytes, path: str, offset: int, max_bytes: int) -> None:
-        props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = self._topics.down(self._device_id, "fetch")
-        props.CorrelationData = corr
-        props.UserProperty = ("window", str(self._fetch_window))
-        req = pb.FetchRequest(
-            device_id=self._device_id, path=path, offset=offset, max_bytes=max_bytes
-        )
-        topic = self._topics.up(self._device_id, "fetch")
-        self._publish(topic, req.SerializeToString(), props=props)
-
-    async def _next_chunk(
-        self,
-        queue: asyncio.Queue[tuple[str, bytes] | TransportError],
-        path: str,
-        offset: int,
-        max_bytes: int,
-    ) -> pb.FetchChunk:
-        item = await queue.get()
-        if isinstance(item, TransportError):
-            raise item
-        ctype, payload = item
-        if ctype == ERROR_CONTENT_TYPE:
-            raise _fetch_error(path, payload)
-        chunk = pb.FetchChunk()
-        try:
-            chunk.ParseFromString(payload)
-        except Exception as exc:  # protobuf raises DecodeError and sometimes others
-            raise TransportError(f"bad fetch chunk for {path}") from exc
-        if len(chunk.data) > MAX_CHUNK_BYTES:
-            raise FetchAborted(f"a chunk of {path} is over the {MAX_CHUNK_BYTES} byte cap")
-        if chunk.total_size > max_bytes:
-            raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
-        if chunk.offset > offset:
-            raise TransportError(f"chunk of {path} at {chunk.offset}, expected {offset}")
-        return chunk
 
     async def close(self) -> None:
         """Say ``offline``, disconnect and stop paho's thread; safe to call twice."""
@@ -404,20 +373,13 @@ class MqttAgentTransport(AgentTransport):
             self._client = client
             with contextlib.suppress(TransportError):
                 mid = self._publish(self._status_topic, STATUS_OFFLINE, retain=True)
-                await self._wait_puback(mid)
+                if mid in self._unacked:
+                    await self._wait(f"pub-{mid}", 2.0)
             self._client = None
             client.disconnect()
         self._on_lost("closed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.to_thread(client.loop_stop), 5.0)
-
-    async def _wait_puback(self, mid: int) -> None:
-        if mid not in self._unacked:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters[f"pub-{mid}"] = fut
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(fut, 2.0)
 
 
 def _unpack(msg: mqtt.MQTTMessage) -> tuple[str, bytes, bytes | None, str]:
@@ -426,14 +388,3 @@ def _unpack(msg: mqtt.MQTTMessage) -> tuple[str, bytes, bytes | None, str]:
     corr = getattr(props, "CorrelationData", None) if props is not None else None
     ctype = getattr(props, "ContentType", "") if props is not None else ""
     return msg.topic, bytes(msg.payload), bytes(corr) if corr is not None else None, str(ctype)
-
-
-def _fetch_error(path: str, payload: bytes) -> Exception:
-    err = pb.Error()
-    with contextlib.suppress(Exception):
-        err.ParseFromString(payload)
-    if err.code == "not-found":
-        return FileNotFoundError(path)
-    if err.code in ("too-large", "refused"):  # asking again would get the same answer
-        return FetchAborted(f"the hub refused {path}: {err.message[:500]}")
-    return TransportError(f"the hub refused the fetch of {path}: {err.code} {err.message[:500]}")

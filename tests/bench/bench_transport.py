@@ -202,7 +202,9 @@ async def connect_all(devices: MqttDevices | GrpcDevices, limit: int = 100) -> f
     return time.perf_counter() - started
 
 
-async def rate_phase(devices: MqttDevices | GrpcDevices, seconds: float, rate: float) -> list[float]:
+async def rate_phase(
+    devices: MqttDevices | GrpcDevices, seconds: float, rate: float
+) -> list[float]:
     meter = devices.meter
     meter.latencies_ms.clear()
     end = time.perf_counter() + seconds
@@ -264,7 +266,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run_transport(
-    name: str, devices: MqttDevices | GrpcDevices, fetch: Callable[[], Awaitable[float]], args: argparse.Namespace
+    name: str,
+    devices: MqttDevices | GrpcDevices,
+    fetch: Callable[[], Awaitable[float]],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     console.print(f"[bold]{name}[/]: connecting {len(devices.ids)} devices ...")
     connect_s = await connect_all(devices)
@@ -343,7 +348,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rate", type=float, default=0.5, help="telemetry per device per second")
+    parser.add_argument("--rate", type=float, default=0.2, help="telemetry per device per second")
     parser.add_argument("--window", type=int, default=2, help="messages in flight per device")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -352,18 +357,37 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgeskill-bench-") as tmp:
         rows = asyncio.run(bench(args, Path(tmp)))
     table = Table(title=f"Hub transports, {args.devices} simulated devices, {os.cpu_count()} cores")
-    for col in ("transport", "devices", "ingest msg/s", "p50 ms", "p99 ms", "fetch MB/s", "offered msg/s"):
+    for col in (
+        "transport",
+        "devices",
+        "ingest msg/s",
+        "p50 ms",
+        "p99 ms",
+        "fetch MB/s",
+        "offered msg/s",
+    ):
         table.add_column(col, justify="left" if col == "transport" else "right")
     for r in rows:
         table.add_row(
-            r["transport"], str(r["devices"]), f"{r['ingest_msgs_per_s']:.0f}", f"{r['p50_ms']:.2f}",
-            f"{r['p99_ms']:.2f}", f"{r['fetch_mb_per_s']:.1f}", f"{r['offered_msgs_per_s']:.0f}",
+            r["transport"],
+            str(r["devices"]),
+            f"{r['ingest_msgs_per_s']:.0f}",
+            f"{r['p50_ms']:.2f}",
+            f"{r['p99_ms']:.2f}",
+            f"{r['fetch_mb_per_s']:.1f}",
+            f"{r['offered_msgs_per_s']:.0f}",
         )
     console.print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"seconds_per_phase": args.seconds, "rate_per_device": args.rate, "window": args.window,
-            "cpu_count": os.cpu_count(), "broker": "mosquitto, set_tcp_nodelay true",
-            "store": "sqlite", "wall_s": round(time.perf_counter() - started, 1)}
+    meta = {
+        "seconds_per_phase": args.seconds,
+        "rate_per_device": args.rate,
+        "window": args.window,
+        "cpu_count": os.cpu_count(),
+        "broker": "mosquitto, set_tcp_nodelay true",
+        "store": "sqlite",
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     console.print(f"wrote {RESULTS} in {meta['wall_s']} s")
 

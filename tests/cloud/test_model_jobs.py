@@ -80,6 +80,7 @@ def wait_for_epochs(factory: ModelFactory, job_id: int, count: int, timeout: flo
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_killed_job_resumes_from_its_last_checkpoint(sqlite_factory: ModelFactory) -> None:
     factory = sqlite_factory
     dataset = factory.add_builtin_dataset("digits")

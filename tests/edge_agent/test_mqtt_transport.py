@@ -22,10 +22,10 @@ from paho.mqtt.properties import Properties
 from cloud.mqtt_client import clear_retained
 from edge_agent.errors import TransportError
 from edge_agent.transport import FetchAborted, FetchLimits, open_transport
-from edge_agent.transport.mqtt import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE, MqttAgentTransport
+from edge_agent.transport.mqtt import MqttAgentTransport
 from edgeskill.demo import free_port
 from protos import decode_envelope, encode_envelope, make_envelope, pb
-from protos.topics import MqttEndpoint
+from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE, MqttEndpoint
 
 pytestmark = pytest.mark.mqtt
 

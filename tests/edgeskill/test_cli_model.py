@@ -20,7 +20,9 @@ runner = CliRunner()
 COMMANDS = ["train", "compress", "convert", "import", "link", "ls", "jobs", "show"]
 
 
-@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=lambda c: " ".join(c))
+@pytest.mark.parametrize(
+    "command", [[], *([c] for c in COMMANDS)], ids=lambda c: " ".join(c) or "model"
+)
 def test_every_command_explains_itself(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output

@@ -28,3 +28,6 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         accuracy = float(re.search(r"│ (0\.\d+) ", rows[cam]).group(1))  # type: ignore[union-attr]
         assert accuracy > 0.9
     assert "digits" not in rows["gw-1"]
+    # One bundle, two variants: each camera runs the one its board prefers.
+    assert "onnx-cpu/fp32" in rows["cam-1"]
+    assert "onnx-cpu/int8" in rows["cam-2"]

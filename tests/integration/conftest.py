@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud.factory import LIBRARY, build_skill, train_digits_onnx
+from cloud.factory import LIBRARY, VariantFile, build_skill, train_digits_onnx
 from cloud.hub import Hub
 from cloud.mqtt_client import clear_retained
 from edgeskill.demo import Fleet, agent_args, free_port, wait_for_port, wait_until
@@ -49,7 +49,7 @@ class Bundles:
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
     work = tmp_path_factory.mktemp("bundles")
     trained = train_digits_onnx(work / "digits.onnx", epochs=3)
-    models = {"onnx-cpu": trained.onnx_path}
+    models = [VariantFile("onnx-cpu", "fp32", trained.onnx_path)]
     broken_src = work / "broken-src"
     shutil.copytree(LIBRARY / "digits", broken_src, ignore=shutil.ignore_patterns("__pycache__"))
     entry = next((broken_src / "control").glob("*.py"))

@@ -1,0 +1,72 @@
+"""Fetch over MQTT 5 on the hub's side: one window of chunks per request, or an error.
+
+The agent names a response topic, correlation data and a window size (a user
+property); the hub answers with up to that many chunks from the requested
+offset, each carrying the correlation data, and the agent asks again from
+where the window ended. Windows keep what sits in the broker's queues bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from protos import pb
+from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE
+
+__all__ = ["DEFAULT_WINDOW", "FetchReply", "requested_window"]
+
+DEFAULT_WINDOW = 32
+
+Publish = Callable[[str, bytes, Properties], bool]
+
+
+def requested_window(user: tuple[tuple[str, str], ...], cap: int) -> int:
+    """The window the request asks for (its ``window`` user property), within 1..cap."""
+    for key, value in user:
+        if key == "window" and value.isdigit():
+            return max(1, min(int(value), cap))
+    return min(DEFAULT_WINDOW, cap)
+
+
+class FetchReply:
+    """Publishes the answer to one request on its response topic, with its correlation data."""
+
+    def __init__(self, publish: Publish, topic: str, corr: bytes) -> None:
+        self._publish, self._topic, self._corr = publish, topic, corr
+
+    def _props(self, content_type: str) -> Properties:
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = self._corr
+        props.ContentType = content_type
+        return props
+
+    def error(self, code: str, message: str) -> bool:
+        """Refuse the request (codes: not-found, too-large, refused, unknown-device)."""
+        body = pb.Error(code=code, message=message[:1000]).SerializeToString()
+        return self._publish(self._topic, body, self._props(ERROR_CONTENT_TYPE))
+
+    async def chunks(self, chunks: Iterator[bytes], offset: int, size: int, window: int) -> bool:
+        """Publish up to ``window`` chunks from ``offset``; the last one of the file says so.
+
+        Returns:
+            False when a publish was refused (the agent will ask again).
+        """
+        props = self._props(CHUNK_CONTENT_TYPE)
+        for _ in range(window):
+            data = await asyncio.to_thread(next, chunks, None)  # file reads off the loop
+            if data is None and offset < size:
+                return True  # the file shrank under us; the agent's checks catch it
+            data = data or b""
+            offset += len(data)
+            chunk = pb.FetchChunk(
+                offset=offset - len(data), data=data, total_size=size, last=offset >= size
+            )
+            if not self._publish(self._topic, chunk.SerializeToString(), props):
+                return False
+            if chunk.last:
+                break
+        return True
