@@ -24,11 +24,15 @@ def core(tmp_path: Path) -> HubCore:
 
 
 def register(device_id: str, **labels: str) -> pb.Envelope:
-    return make_envelope(device_id, register=pb.Register(labels=labels, profile=pb.HardwareProfile(arch="x86_64")))
+    return make_envelope(
+        device_id, register=pb.Register(labels=labels, profile=pb.HardwareProfile(arch="x86_64"))
+    )
 
 
 def telemetry(device_id: str, n: int = 5) -> pb.Envelope:
-    return make_envelope(device_id, telemetry=pb.Telemetry(skill="digits", version="1.0.0", inferences=n))
+    return make_envelope(
+        device_id, telemetry=pb.Telemetry(skill="digits", version="1.0.0", inferences=n)
+    )
 
 
 def test_register_answers_welcome_and_desired_state(core: HubCore) -> None:
@@ -92,7 +96,9 @@ def test_fetch_streams_a_file_from_an_offset(core: HubCore) -> None:
     assert size == 256_000 and data == (bytes(range(256)) * 1000)[1000:]
 
 
-@pytest.mark.parametrize("path", ["../hub.db", "/etc/passwd", "keys/root.pem", "metadata/../keys/root.pem", ""])
+@pytest.mark.parametrize(
+    "path", ["../hub.db", "/etc/passwd", "keys/root.pem", "metadata/../keys/root.pem", ""]
+)
 def test_fetch_refuses_paths_outside_the_repository(core: HubCore, path: str) -> None:
     with pytest.raises((ProtocolError, FileNotFoundError)):
         core.open_fetch(path, 0, 10**9)

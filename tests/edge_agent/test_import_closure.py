@@ -18,7 +18,9 @@ print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))
 
 
 def test_agent_import_closure_has_no_heavy_dependencies() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout
     loaded = set(json.loads(out))
     assert "edge_agent" in loaded
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

@@ -113,9 +113,10 @@ def test_select_follows_the_device_precision_preference() -> None:
     int8_first = select_variant(variants, ["onnx-cpu"], backends, ("int8", "fp32"))
     fp32_first = select_variant(variants, ["onnx-cpu"], backends, ("fp32", "int8"))
     assert (int8_first.precision, fp32_first.precision) == ("int8", "fp32")
-    # The target order still comes first: a preferred precision does not pull in a worse target.
+    # Target order still comes first: a preferred precision does not pull in a worse target.
     only_fp32 = [variant("onnx-cpu", precision="fp32"), variant("tflite", precision="int8")]
-    assert select_variant(only_fp32, ["onnx-cpu", "tflite"], backends, ("int8",)).target == "onnx-cpu"
+    chosen = select_variant(only_fp32, ["onnx-cpu", "tflite"], backends, ("int8",))
+    assert chosen.target == "onnx-cpu"
 
 
 def test_select_skips_targets_whose_backend_is_not_installed() -> None:

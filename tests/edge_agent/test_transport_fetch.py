@@ -1,4 +1,4 @@
-"""Bulk fetches: caps, resume, deadline and minimum rate; and the real gRPC transport on loopback."""
+"""Bulk fetches: caps, resume, deadline and minimum rate; the real gRPC transport on loopback."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def test_grpc_transport_registers_and_fetches_over_loopback(tmp_path: Path) -> N
         try:
             transport = open_transport(f"grpc://127.0.0.1:{port}", "cam-1")
             async with transport:
-                await transport.connect(make_envelope("cam-1", register=pb.Register(labels={"kind": "camera"})))
+                await transport.connect(
+                    make_envelope("cam-1", register=pb.Register(labels={"kind": "camera"}))
+                )
                 kinds = [kind_of(await asyncio.wait_for(transport.receive(), 5)) for _ in range(2)]
                 assert kinds == ["welcome", "desired"]
                 assert await transport.fetch(ref.path, 10 * 1024 * 1024) == payload

@@ -48,11 +48,18 @@ def test_hub_commands_on_a_fresh_home(tmp_path: Path) -> None:
     again = runner.invoke(app, ["hub", "init", "--home", str(home)])
     assert again.exit_code == 2 and "already" in again.output
 
-    assert runner.invoke(app, ["groups", "create", "cams", "kind=camera", "--home", str(home)]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["groups", "create", "cams", "kind=camera", "--home", str(home)]
+        ).exit_code
+        == 0
+    )
     listed = runner.invoke(app, ["groups", "ls", "--home", str(home)])
     assert "cams" in listed.output and "kind=camera" in listed.output
 
-    missing = runner.invoke(app, ["deploy", "create", "digits", "9.9.9", "--group", "cams", "--home", str(home)])
+    missing = runner.invoke(
+        app, ["deploy", "create", "digits", "9.9.9", "--group", "cams", "--home", str(home)]
+    )
     assert missing.exit_code == 2 and "error" in missing.output
     assert "digits" not in runner.invoke(app, ["deploy", "status", "--home", str(home)]).output
 

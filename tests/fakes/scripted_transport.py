@@ -11,9 +11,11 @@ from protos import pb
 
 
 class ScriptedTransport(AgentTransport):
-    """Serves ``data`` in ``chunk``-byte pieces, ``delay_s`` apart, failing after ``fail_after`` bytes once."""
+    """Serves ``data`` in ``chunk``-byte pieces ``delay_s`` apart; fails once at ``fail_after``."""
 
-    def __init__(self, data: bytes, chunk: int = 1024, delay_s: float = 0.0, fail_after: int | None = None) -> None:
+    def __init__(
+        self, data: bytes, chunk: int = 1024, delay_s: float = 0.0, fail_after: int | None = None
+    ) -> None:
         self.data = data
         self.chunk = chunk
         self.delay_s = delay_s

@@ -7,12 +7,23 @@ import sys
 
 import pytest
 
-from protos import MAX_ENVELOPE_BYTES, ProtocolError, decode_envelope, encode_envelope, kind_of, make_envelope, pb
+from protos import (
+    MAX_ENVELOPE_BYTES,
+    ProtocolError,
+    decode_envelope,
+    encode_envelope,
+    kind_of,
+    make_envelope,
+    pb,
+)
 
 
 def test_generated_code_is_current() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "protos.generate", "--check"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "protos.generate", "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
 
@@ -20,7 +31,12 @@ def test_generated_code_is_current() -> None:
 def test_round_trip_keeps_id_device_and_body() -> None:
     env = make_envelope("cam-1", heartbeat=pb.Heartbeat(uptime_s=7))
     back = decode_envelope(encode_envelope(env))
-    assert (back.id, back.device_id, kind_of(back), back.heartbeat.uptime_s) == (env.id, "cam-1", "heartbeat", 7)
+    assert (back.id, back.device_id, kind_of(back), back.heartbeat.uptime_s) == (
+        env.id,
+        "cam-1",
+        "heartbeat",
+        7,
+    )
 
 
 def test_ids_are_unique() -> None:
@@ -39,7 +55,10 @@ def test_exactly_one_body() -> None:
         (b"\xff\xff\xff", "not an envelope"),
         (pb.Envelope(device_id="d", heartbeat=pb.Heartbeat()).SerializeToString(), "id missing"),
         (pb.Envelope(id="x", device_id="d").SerializeToString(), "no body"),
-        (pb.Envelope(id="x" * 65, heartbeat=pb.Heartbeat()).SerializeToString(), "id missing or longer"),
+        (
+            pb.Envelope(id="x" * 65, heartbeat=pb.Heartbeat()).SerializeToString(),
+            "id missing or longer",
+        ),
         (b"\x00" * (MAX_ENVELOPE_BYTES + 1), "exceeds"),
     ],
 )
