@@ -23,6 +23,7 @@ services:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m protos.generate --check

@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from edgeskill import cli_model as model_cli
+
 # Tables stay readable when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
 app = typer.Typer(
@@ -30,7 +32,7 @@ skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_i
 deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
 groups_app = typer.Typer(help="Named label selectors over devices.", no_args_is_help=True)
 devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=True)
-model_app = typer.Typer(help="Train and convert models.", no_args_is_help=True)
+app.add_typer(model_cli.app, name="model")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),
@@ -38,7 +40,6 @@ for sub, name in [
     (deploy_app, "deploy"),
     (groups_app, "groups"),
     (devices_app, "devices"),
-    (model_app, "model"),
 ]:
     app.add_typer(sub, name=name)
 
@@ -222,6 +223,20 @@ def skill_push(bundle: Path, home: HomeOpt = DEFAULT_HOME) -> None:
     finally:
         hub.close()
     console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
+    _link_models(home, rec.name, rec.version)
+
+
+def _link_models(home: Path, skill: str, version: str) -> None:
+    """Record in the model registry which artefacts a pushed skill version ships."""
+    from cloud.models import ModelFactory  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        linked = ModelFactory.for_hub(hub).link_skill_version(skill, version)
+    finally:
+        hub.close()
+    if linked:
+        console.print(f"linked {len(linked)} registered model artefact(s) to {skill} {version}")
 
 
 @skill_app.command("ls")
@@ -346,24 +361,6 @@ def deploy_abort(deployment_id: int, home: HomeOpt = DEFAULT_HOME) -> None:
 
 
 # -- models and the demo --------------------------------------------------------
-
-
-@model_app.command("train")
-def model_train(
-    out: Annotated[Path, typer.Option(help="Where to write model.onnx.")] = Path(
-        "dist/digits.onnx"
-    ),
-    epochs: int = 8,
-    seed: int = 0,
-) -> None:
-    """Train the digits CNN on scikit-learn's digits; export to ONNX, checked against torch."""
-    from cloud.factory import train_digits_onnx  # noqa: PLC0415
-
-    result = train_digits_onnx(out, epochs=epochs, seed=seed, console=console)
-    console.print(
-        f"wrote {out}: test accuracy {result.accuracy:.3f}, "
-        f"onnx vs torch max diff {result.max_diff:.2e}"
-    )
 
 
 @app.command("demo")

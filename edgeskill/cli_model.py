@@ -99,6 +99,9 @@ def train(
         int | None, typer.Option(help="Resume this failed or interrupted job instead.")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Also copy the model's ONNX file here.")] = None,
+    threads: Annotated[int, typer.Option(help="Torch threads of the job process.")] = (
+        os.cpu_count() or 1
+    ),
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Train a model in a separate job process (checkpoint every epoch, resumable)."""
@@ -119,7 +122,7 @@ def train(
                 record.id, arch=arch, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                 width=width, image_size=image_size, model_name=name,
             )  # fmt: skip
-        job = _run_with_progress(factory, job)
+        job = _run_with_progress(factory, job, max(1, threads))
         if job.status != "succeeded":
             console.print(f"[red]job {job.id} {job.status}:[/] {job.error}")
             console.print(f"resume it with `edgeskill model train --resume {job.id}`")
@@ -135,7 +138,7 @@ def train(
     )
 
 
-def _run_with_progress(factory: ModelFactory, job: JobRecord) -> JobRecord:
+def _run_with_progress(factory: ModelFactory, job: JobRecord, threads: int) -> JobRecord:
     columns = (
         TextColumn("[bold]job {task.fields[job]}[/] {task.description}"),
         BarColumn(),
@@ -151,7 +154,7 @@ def _run_with_progress(factory: ModelFactory, job: JobRecord) -> JobRecord:
             metrics = f"loss {last.train_loss:.3f}  val acc {last.val_accuracy:.3f}"
             progress.update(task, completed=len(epochs), metrics=metrics)
 
-        return factory.jobs.run(job.id, on_progress=show)
+        return factory.jobs.run(job.id, on_progress=show, threads=threads)
 
 
 # -- compress and convert ------------------------------------------------------
@@ -177,17 +180,22 @@ def compress(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Quantise, prune and distil a model; report accuracy, size and latency against float."""
+    from converters.errors import ConverterError  # noqa: PLC0415
     from converters.fit import TrainConfig  # noqa: PLC0415
     from converters.pipeline import CompressOptions  # noqa: PLC0415
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
-    options = CompressOptions(
-        finetune=TrainConfig(epochs=finetune_epochs, lr=3e-3),
-        distill=TrainConfig(epochs=distill_epochs, lr=5e-3, batch_size=32),
-        calibration_images=calibration,
-        tflite=tflite,
-        latency=latency,
-    )
+    try:
+        options = CompressOptions(
+            finetune=TrainConfig(epochs=finetune_epochs, lr=3e-3),
+            distill=TrainConfig(epochs=distill_epochs, lr=5e-3, batch_size=32),
+            calibration_images=calibration,
+            tflite=tflite,
+            latency=latency,
+        )
+    except ConverterError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
     with _factory(home) as factory, console.status("compressing") as status:
 
         def done(name: str, metrics: VariantMetrics) -> None:
@@ -209,13 +217,19 @@ def convert(
     ],
     variant: Annotated[str, typer.Option(help="Which variant to convert.")] = "float",
     samples: Annotated[int, typer.Option(help="Test images the check compares on.")] = 8,
+    engine: Annotated[
+        bool | None,
+        typer.Option(help="onnx-tensorrt: build a TensorRT engine (default: when trtexec exists)."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Also copy the files into this folder.")] = None,
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Convert a variant for a device target; the outputs must match the source within tolerance."""
     with _factory(home) as factory:
         with console.status(f"converting {model}/{variant} for {target}"):
-            artifact = factory.convert(model, target, variant=variant, samples=samples)
+            artifact = factory.convert(
+                model, target, variant=variant, samples=samples, engine=engine
+            )
         if out is not None:
             for f in artifact.files:
                 factory.export_blob(f.sha256, out / f.name)

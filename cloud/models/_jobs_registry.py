@@ -175,15 +175,13 @@ class JobsRegistry:
 
     @staticmethod
     def _check_model_name_free(conn: Connection, name: str) -> None:
-        taken = conn.execute(select(models.c.id).where(models.c.name == name)).first()
-        taken = (
-            taken
-            or conn.execute(
-                select(training_jobs.c.id).where(training_jobs.c.model_name == name)
-            ).first()
-        )
-        if taken is not None:
-            raise ConflictError(f"model name {name!r} is taken")
+        # A job reserves its model's name from the start, so a resumed job never finds it taken.
+        for query in (
+            select(models.c.id).where(models.c.name == name),
+            select(training_jobs.c.id).where(training_jobs.c.model_name == name),
+        ):
+            if conn.execute(query).first() is not None:
+                raise ConflictError(f"model name {name!r} is taken")
 
     def get_job(self, job_id: int) -> JobRecord:
         """Return one job.

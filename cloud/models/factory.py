@@ -25,6 +25,8 @@ from cloud.models.records import (
     JobRecord,
     Lineage,
     ModelRecord,
+    VariantDraft,
+    VariantMetrics,
     VariantRecord,
 )
 from cloud.models.registry import ModelRegistry
@@ -276,7 +278,7 @@ class ModelFactory:
                 return found
         if name != "float":
             raise NotFoundError(f"model {model.name} has no variant {name!r}; compress it first")
-        if model.weights_sha256 is None:
+        if model.weights_sha256 is None or model.dataset_id is None:
             return self._imported_float(model)
         from converters.pipeline import CompressOptions  # noqa: PLC0415
 
@@ -284,14 +286,16 @@ class ModelFactory:
         return self._variant(model, name)
 
     def _imported_float(self, model: ModelRecord) -> VariantRecord:
-        from cloud.models.records import VariantDraft, VariantMetrics  # noqa: PLC0415
-
+        # Without weights or data there is nothing to compress or measure: the float
+        # variant is the model itself, its own reference.
         accuracy = model.test_accuracy if model.test_accuracy is not None else 0.0
         size = model.onnx_size
         metrics = VariantMetrics(
             accuracy, accuracy, 0.0, 1.0, size, size, 1.0, size, meets_bar=True
         )
-        draft = VariantDraft("float", False, model.onnx_sha256, size, metrics)
+        draft = VariantDraft(
+            "float", False, model.onnx_sha256, size, metrics, weights_sha256=model.weights_sha256
+        )
         return self.registry.add_variants(model.id, [draft], now_ms=now_ms())[0]
 
     # lineage and blobs

@@ -233,7 +233,8 @@ class JobRunner:
         how = _describe_exit(code) if code is not None else "is gone"
         message = (
             f"the job process {how} after {done} of {job.epochs} epochs; "
-            "start the job again to resume from its last checkpoint"
+            "start the job again to resume from its last checkpoint "
+            f"(its log: {self.workdir(job_id) / 'worker.log'})"
         )
         try:
             return self.registry.fail_job(job_id, message, now_ms=now_ms())

@@ -367,8 +367,15 @@ def damaged_blobs_and_missing_tools(factory: ModelFactory, digits_weights: Path)
     assert count_rows(factory.registry) == (1, 0, 0)
     weights.write_bytes(original)
 
+    plain_onnx = factory.export_blob(model.onnx_sha256, factory.home / "export" / "plain.onnx")
+    plain = factory.import_model(plain_onnx, name="plain")  # no data set: random check inputs
+    assert (plain.arch, plain.weights_sha256, plain.test_accuracy) == ("onnx", None, None)
+    ov = factory.convert(plain.id, "openvino")
+    assert ov.max_abs_diff <= ov.tolerance
+    assert count_rows(factory.registry) == (2, 1, 1)
+
     with pytest.raises(FactoryError, match="atc"):  # no CANN toolkit here
         factory.convert(model.id, "om")
     with pytest.raises(ValidationError, match="unknown target"):
         factory.convert(model.id, "coreml")
-    assert count_rows(factory.registry) == (1, 1, 0)  # only the float variant om started from
+    assert count_rows(factory.registry) == (2, 2, 1)  # only the float variant om started from

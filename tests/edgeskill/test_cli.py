@@ -26,6 +26,10 @@ COMMANDS = [
     ["groups", "ls"],
     ["devices", "ls"],
     ["model", "train"],
+    ["model", "compress"],
+    ["model", "convert"],
+    ["model", "ls"],
+    ["model", "show"],
     ["demo"],
 ]
 
