@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
+from cloud.desired_watch import DesiredWatch
 from cloud.hubcore import HubCore
 from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
@@ -27,7 +28,7 @@ class HubServicer(pb_grpc.HubServicer):
 
     def __init__(self, core: HubCore, push_interval_s: float = 0.5) -> None:
         self.core = core
-        self.push_interval_s = push_interval_s
+        self.watch = DesiredWatch(core.store, push_interval_s)
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.Envelope], context: grpc.aio.ServicerContext
@@ -83,14 +84,19 @@ class HubServicer(pb_grpc.HubServicer):
     async def _push_desired(
         self, device_id: str, last_gen: int, outbox: asyncio.Queue[object]
     ) -> None:
-        # Polling the store (not an in-process event) keeps hub processes stateless:
-        # a deployment made through any hub or the CLI reaches every stream.
-        while True:
-            await asyncio.sleep(self.push_interval_s)
-            gen = await self.core.desired_generation(device_id)
-            if gen != last_gen:
-                outbox.put_nowait(await self.core.desired(device_id))
-                last_gen = gen
+        changed = self.watch.subscribe(device_id)
+        try:
+            while True:
+                # The timeout is a safety net: a change is normally seen through the watch.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), 30.0)
+                changed.clear()
+                env = await self.core.desired(device_id)
+                if env.desired.generation != last_gen:
+                    outbox.put_nowait(env)
+                    last_gen = env.desired.generation
+        finally:
+            self.watch.unsubscribe(device_id, changed)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
