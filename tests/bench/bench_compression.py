@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from plots import plot_compression
 from rich.console import Console
 from rich.table import Table
 
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    console.print(f"wrote {args.out}")
+    picture = plot_compression(rows, args.out.with_suffix(".png"))
+    console.print(f"wrote {args.out} and {picture}")
     return 0
 
 
