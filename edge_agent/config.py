@@ -17,8 +17,9 @@ class AgentConfig:
         state_dir: the one folder the agent keeps its state in.
         labels: labels the device registers with (``kind=camera``).
         board: a board name from the profile table, instead of detection.
-        trusted_root: the hub's TUF ``root.json``; without it the agent trusts
-            the hub's first root on first use (and says so in its log).
+        trusted_root: the hub's TUF ``root.json``, needed on the first start only
+            (the agent keeps it, and follows root rotations, in its state folder);
+            without any, nothing is installed.
         source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running skill.
         source_rate_hz: items per second the source feeds, per skill.
         source_loop: replay the source forever instead of once per skill version.

@@ -79,7 +79,7 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
     broker.start()
     url = f"mqtt://127.0.0.1:{broker.port}/es-outage?session_expiry=3600&keepalive=5"
     grpc_port = free_port()
-    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{grpc_port}", mqtt_url=url)
+    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{grpc_port}")
     hub.push(bundles.v1)
     hub.store.create_group("cameras", "kind=camera")
     source = tmp_path / "source.npz"
@@ -95,7 +95,7 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
         fleet.start(device_id, args)
 
     try:
-        fleet.start("hub", ["hub", "serve", "--home", str(tmp_path / "hub")])
+        fleet.start("hub", ["hub", "serve", "--home", str(tmp_path / "hub"), "--mqtt", url])
         wait_for_port(grpc_port)
         for device_id in DEVICES:
             start(device_id)
