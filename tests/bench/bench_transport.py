@@ -41,6 +41,7 @@ from typing import Any
 import grpc.aio
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
+from plots import plot_bars
 from rich.console import Console
 from rich.table import Table
 
@@ -389,7 +390,10 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    console.print(f"wrote {RESULTS} in {meta['wall_s']} s")
+    keys = ["ingest_msgs_per_s", "p50_ms", "p99_ms", "fetch_mb_per_s"]
+    title = f"hub over MQTT and gRPC, {rows[0]['devices']} devices"
+    picture = plot_bars(rows, "transport", keys, RESULTS.with_suffix(".png"), title)
+    console.print(f"wrote {RESULTS} and {picture} in {meta['wall_s']} s")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,19 @@ import pytest
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "mqtt"])
+def test_demo_runs_end_to_end(tmp_path: Path, transport: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "edgeskill.cli", "demo", "--workdir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "edgeskill.cli",
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--transport",
+            transport,
+        ],
         capture_output=True,
         text=True,
         timeout=240,
