@@ -20,6 +20,7 @@ from typing import BinaryIO
 from cloud.errors import ValidationError
 from cloud.selectors import parse_labels
 from cloud.store import DesiredRecord, SkillStatusRecord, Store, TelemetryRecord
+from cloud.telemetry_batcher import BatcherSettings, TelemetryBatcher
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
@@ -38,6 +39,9 @@ class HubLimits:
     chunk_bytes: int = 64 * 1024
     max_labels: int = 32
     max_skills_reported: int = 64
+    #: Telemetry group commit: windows per transaction, and the longest wait for a batch.
+    telemetry_batch_items: int = 256
+    telemetry_linger_s: float = 0.001
 
 
 def check_device_id(device_id: str) -> str:
@@ -77,6 +81,18 @@ class HubCore:
         #: Messages dropped, by reason; exported as metrics.
         self.dropped: Counter[str] = Counter()
         self.handled: Counter[str] = Counter()
+        self.telemetry = TelemetryBatcher(
+            store.add_telemetry_many,
+            store.check_telemetry,
+            BatcherSettings(
+                max_items=self.limits.telemetry_batch_items,
+                linger_s=self.limits.telemetry_linger_s,
+            ),
+        )
+
+    async def close(self) -> None:
+        """Write the telemetry still waiting for its batch; later telemetry is refused."""
+        await self.telemetry.close()
 
     async def register(self, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle a device's ``register``; return the welcome and its desired state.
@@ -125,9 +141,14 @@ class HubCore:
     async def handle(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle one message from a registered device; return the replies.
 
+        Telemetry is answered only after it is committed (in a batch shared
+        with other devices); a duplicate is acknowledged again.
+
         Raises:
-            ProtocolError: the message is of a kind devices may not send, or
-                claims another device's id.
+            ProtocolError: the message is of a kind devices may not send,
+                claims another device's id, or the store refuses it as malformed.
+            StoreError: the store failed; nothing is acknowledged, so the
+                device sends the message again.
         """
         if env.device_id != device_id:
             raise ProtocolError(f"device {device_id} sent a message as {env.device_id!r}")
@@ -146,7 +167,8 @@ class HubCore:
             await asyncio.to_thread(self._save_report, device_id, env.reported)
         elif kind == "telemetry":
             record = telemetry_record(env.telemetry)
-            await asyncio.to_thread(self.store.add_telemetry, env.id, device_id, record)
+            # Acked only after the batch holding it committed (end-to-end ack).
+            await self.telemetry.submit(env.id, device_id, record)
         elif kind != "ack":
             raise ProtocolError(f"devices may not send {kind!r}")
         self.handled[kind] += 1

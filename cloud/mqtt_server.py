@@ -56,8 +56,10 @@ _ACKED_KINDS = ("reported", "telemetry")
 class MqttServerSettings:
     """Tuning and caps of the MQTT adapter."""
 
-    workers: int = 8
-    queue_per_worker: int = 5000
+    # Each device's messages go to one worker (order per device); the workers' concurrent
+    # telemetry is what the hub's group commit batches, so more workers, bigger batches.
+    workers: int = 64
+    queue_per_worker: int = 1000
     poll_interval_s: float = 1.0
     max_fetch_window: int = 64
     max_fetches: int = 32

@@ -304,6 +304,37 @@ class Store(Registry):
         with self._tx(write=True) as conn:
             return tele.insert_telemetry(conn, rows)
 
+    def add_telemetry_many(self, items: Sequence[tuple[str, str, TelemetryRecord]]) -> list[bool]:
+        """Store windows of any devices in one transaction, skipping duplicates.
+
+        Every item is validated before anything is written; callers that must
+        not let one bad item refuse the others check each one first with
+        :meth:`check_telemetry`.
+
+        Args:
+            items: ``(msg_id, device_id, record)`` triples, at most 10000.
+
+        Returns:
+            For each item, True when stored, False for a duplicate (also of an
+            earlier item in the same batch).
+
+        Raises:
+            ValidationError: A malformed item or a batch over the cap; nothing is stored.
+            StoreError: The database failed; nothing is stored.
+        """
+        rows = tele.prepare_rows_many(items)
+        with self._tx(write=True) as conn:
+            return tele.insert_telemetry(conn, rows)
+
+    @staticmethod
+    def check_telemetry(msg_id: str, device_id: str, record: TelemetryRecord) -> None:
+        """Check one window as :meth:`add_telemetry_many` would, without writing.
+
+        Raises:
+            ValidationError: The message id, the device id or the window is malformed.
+        """
+        tele.prepare_row(msg_id, device_id, record)
+
     def telemetry_for(
         self, device_id: str | None = None, skill: str | None = None, *, limit: int = 10_000
     ) -> list[TelemetryRecord]:

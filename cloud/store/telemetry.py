@@ -19,50 +19,77 @@ from cloud.store import _validate as check
 from cloud.store.records import DeviceSkillSummary, TelemetryRecord
 from cloud.store.schema import telemetry
 
-__all__ = ["insert_telemetry", "prepare_rows", "select_telemetry", "summarise"]
+__all__ = [
+    "insert_telemetry",
+    "prepare_row",
+    "prepare_rows",
+    "prepare_rows_many",
+    "select_telemetry",
+    "summarise",
+]
 
 MAX_TELEMETRY_ROWS = 100_000
+
+
+def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> dict[str, Any]:
+    """Validate one telemetry window of one device and turn it into a table row.
+
+    Raises:
+        ValidationError: The message id, the device id or the window is malformed,
+            or the record names another device.
+    """
+    check.device_id(device_id)
+    check.msg_id(msg_id)
+    check.telemetry(record)
+    if record.device_id and record.device_id != device_id:
+        raise ValidationError(f"telemetry of {record.device_id!r} sent for {device_id!r}")
+    return {
+        "msg_id": msg_id,
+        "device_id": device_id,
+        "skill": record.skill,
+        "version": record.version,
+        "inferences": record.inferences,
+        "labelled": record.labelled,
+        "correct": record.correct,
+        "latency_p50_ms": float(record.latency_p50_ms),
+        "latency_p99_ms": float(record.latency_p99_ms),
+        "window_start_ms": record.window_start_ms,
+        "window_end_ms": record.window_end_ms,
+        "dropped_messages": record.dropped_messages,
+        "metrics": json.dumps({k: float(v) for k, v in record.metrics.items()}, sort_keys=True),
+        "received_ms": record.received_ms,
+    }
+
+
+def _check_batch_size(count: int) -> None:
+    if count > check.MAX_TELEMETRY_BATCH:
+        raise ValidationError(f"telemetry batch over {check.MAX_TELEMETRY_BATCH} items")
 
 
 def prepare_rows(
     device_id: str, items: Sequence[tuple[str, TelemetryRecord]]
 ) -> list[dict[str, Any]]:
-    """Validate telemetry windows and turn them into table rows.
+    """Validate telemetry windows of one device and turn them into table rows.
 
     Raises:
         ValidationError: A message id, the device id or a window is malformed,
             or the batch is over the cap.
     """
     check.device_id(device_id)
-    if len(items) > check.MAX_TELEMETRY_BATCH:
-        raise ValidationError(f"telemetry batch over {check.MAX_TELEMETRY_BATCH} items")
-    rows = []
-    for msg_id, record in items:
-        check.msg_id(msg_id)
-        check.telemetry(record)
-        if record.device_id and record.device_id != device_id:
-            raise ValidationError(f"telemetry of {record.device_id!r} sent for {device_id!r}")
-        rows.append(
-            {
-                "msg_id": msg_id,
-                "device_id": device_id,
-                "skill": record.skill,
-                "version": record.version,
-                "inferences": record.inferences,
-                "labelled": record.labelled,
-                "correct": record.correct,
-                "latency_p50_ms": float(record.latency_p50_ms),
-                "latency_p99_ms": float(record.latency_p99_ms),
-                "window_start_ms": record.window_start_ms,
-                "window_end_ms": record.window_end_ms,
-                "dropped_messages": record.dropped_messages,
-                "metrics": json.dumps(
-                    {k: float(v) for k, v in record.metrics.items()}, sort_keys=True
-                ),
-                "received_ms": record.received_ms,
-            }
-        )
-    return rows
+    _check_batch_size(len(items))
+    return [prepare_row(msg_id, device_id, record) for msg_id, record in items]
+
+
+def prepare_rows_many(
+    items: Sequence[tuple[str, str, TelemetryRecord]],
+) -> list[dict[str, Any]]:
+    """Validate ``(msg_id, device_id, record)`` items of any devices and turn them into rows.
+
+    Raises:
+        ValidationError: An item is malformed or the batch is over the cap.
+    """
+    _check_batch_size(len(items))
+    return [prepare_row(msg_id, device_id, record) for msg_id, device_id, record in items]
 
 
 def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]:

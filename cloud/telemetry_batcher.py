@@ -1,0 +1,212 @@
+"""Group commit for telemetry: many devices' windows in one store transaction.
+
+One transaction per message caps ingest at what the database commits per
+second. The batcher collects windows from every device that submits at the
+same time and writes them together, flushing when a batch is full or when its
+oldest item has waited ``linger_s``. A submitter gets its answer only after
+the batch holding its window has committed, so the hub still acknowledges
+nothing that is not durably stored. When a batch fails, every submitter in it
+gets the error: nothing is acknowledged and the agents send again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from cloud.errors import StoreError, ValidationError
+from cloud.store import TelemetryRecord
+
+__all__ = ["BatcherClosedError", "BatcherSettings", "TelemetryBatcher", "TelemetryItem"]
+
+#: ``(msg_id, device_id, record)``, as :meth:`cloud.store.Store.add_telemetry_many` takes it.
+TelemetryItem = tuple[str, str, TelemetryRecord]
+
+MAX_BATCH_ITEMS = 10_000
+
+
+class BatcherClosedError(StoreError):
+    """A window was submitted to, or left waiting in, a closed batcher."""
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    """How the batcher trades latency for throughput.
+
+    Attributes:
+        max_items: Items per transaction; a full batch is written at once.
+        linger_s: Longest time the oldest waiting item waits for company.
+        max_waiting: Submitters allowed to wait at once; more wait for room.
+    """
+
+    max_items: int = 256
+    linger_s: float = 0.001
+    max_waiting: int = 20_000
+
+    def __post_init__(self) -> None:
+        """Raises: ValidationError: a setting out of range."""
+        if not 1 <= self.max_items <= MAX_BATCH_ITEMS:
+            raise ValidationError(f"max_items must be in 1..{MAX_BATCH_ITEMS}")
+        if not 0 <= self.linger_s <= 1:
+            raise ValidationError("linger_s must be in 0..1 seconds")
+        if self.max_waiting < self.max_items:
+            raise ValidationError("max_waiting must be at least max_items")
+
+
+@dataclass
+class _Waiting:
+    item: TelemetryItem
+    future: asyncio.Future[bool]
+    since: float
+
+
+@dataclass
+class _Lane:
+    """Everything bound to one event loop (asyncio primitives cannot change loops)."""
+
+    loop: asyncio.AbstractEventLoop
+    room: asyncio.Semaphore
+    queue: list[_Waiting] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class TelemetryBatcher:
+    """Writes telemetry windows of many devices in shared transactions.
+
+    Used from one event loop at a time; it starts its flusher on first use
+    inside the running loop, and starts afresh when used from a new loop (the
+    old loop's flusher and waiters ended with that loop).
+
+    Args:
+        write: Stores a batch in one transaction and returns, per item, True
+            when stored or False for a duplicate (``Store.add_telemetry_many``).
+            Called in a worker thread.
+        check: Raises ``ValidationError`` for an item ``write`` would refuse
+            (``Store.check_telemetry``); run on each item before it joins a batch.
+        settings: Batch size, linger and caps.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[TelemetryItem]], list[bool]],
+        check: Callable[[str, str, TelemetryRecord], None],
+        settings: BatcherSettings | None = None,
+    ) -> None:
+        self._write = write
+        self._check = check
+        self.settings = settings or BatcherSettings()
+        self._lane: _Lane | None = None
+        self._closed = False
+        #: Transactions written and items in them; exported as metrics.
+        self.batches = 0
+        self.items = 0
+
+    async def submit(self, msg_id: str, device_id: str, record: TelemetryRecord) -> bool:
+        """Store one window with the next batch; return once that batch committed.
+
+        Returns:
+            True when stored, False when the message id was stored before.
+
+        Raises:
+            ValidationError: The item is malformed; it joins no batch and the
+                others are not affected.
+            BatcherClosedError: The batcher is closed.
+            StoreError: The batch holding the item failed; nothing of it is stored.
+        """
+        if self._closed:
+            raise BatcherClosedError("the telemetry batcher is closed")
+        item = (msg_id, device_id, record)
+        self._check(*item)
+        lane = self._lane_for_running_loop()
+        async with lane.room:
+            if self._closed:
+                raise BatcherClosedError("the telemetry batcher is closed")
+            future: asyncio.Future[bool] = lane.loop.create_future()
+            lane.queue.append(_Waiting(item, future, time.monotonic()))
+            lane.ready.set()
+            if len(lane.queue) >= self.settings.max_items:
+                lane.full.set()
+            return await future
+
+    async def close(self) -> None:
+        """Write what is waiting, then stop; later submissions are refused.
+
+        Closing twice, or a batcher never used, is fine.
+        """
+        self._closed = True
+        lane = self._lane
+        if lane is None or lane.task is None:
+            return
+        if lane.loop is not asyncio.get_running_loop():
+            self._lane = None  # that loop is gone, and its waiters with it
+            return
+        lane.ready.set()
+        lane.full.set()
+        await lane.task
+
+    def _lane_for_running_loop(self) -> _Lane:
+        loop = asyncio.get_running_loop()
+        lane = self._lane
+        if lane is None or lane.loop is not loop or lane.task is None or lane.task.done():
+            lane = _Lane(loop, asyncio.Semaphore(self.settings.max_waiting))
+            lane.task = loop.create_task(self._flush_forever(lane), name="telemetry-batcher")
+            self._lane = lane
+        return lane
+
+    async def _flush_forever(self, lane: _Lane) -> None:
+        try:
+            while True:
+                await lane.ready.wait()
+                if not lane.queue:
+                    if self._closed:
+                        return
+                    lane.ready.clear()
+                    continue
+                await self._wait_for_company(lane)
+                batch = lane.queue[: self.settings.max_items]
+                del lane.queue[: self.settings.max_items]
+                if len(lane.queue) < self.settings.max_items:
+                    lane.full.clear()
+                await self._flush(batch)
+        finally:
+            # Whatever ends the flusher, nobody may wait for it forever.
+            for waiting in lane.queue:
+                if not waiting.future.done():
+                    waiting.future.set_exception(BatcherClosedError("the batcher stopped"))
+            lane.queue.clear()
+
+    async def _wait_for_company(self, lane: _Lane) -> None:
+        if self._closed:
+            return
+        # Measured from the oldest item, so items that queued up during the
+        # previous write are not held back a second time.
+        left = lane.queue[0].since + self.settings.linger_s - time.monotonic()
+        if left > 0 and not lane.full.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await lane.full.wait()
+
+    async def _flush(self, batch: list[_Waiting]) -> None:
+        try:
+            results = await asyncio.to_thread(self._write, [w.item for w in batch])
+            if len(results) != len(batch):
+                raise StoreError(f"{len(results)} results for a batch of {len(batch)}")
+        except asyncio.CancelledError:
+            for waiting in batch:
+                waiting.future.cancel()
+            raise
+        except Exception as exc:  # handed to every waiter, who raises it
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(exc)
+            return
+        self.batches += 1
+        self.items += len(batch)
+        for waiting, stored in zip(batch, results, strict=True):
+            if not waiting.future.done():  # its submitter may have been cancelled
+                waiting.future.set_result(stored)
