@@ -172,6 +172,7 @@ class Hub:
             await server.stop(grace=1.0)
             if mqtt is not None:
                 await mqtt.stop()
+            await core.close()  # commit what the telemetry batcher still holds
 
     async def _refresh_timestamp(self) -> None:
         # The timestamp role expires within a day; re-sign it well before.

@@ -144,7 +144,10 @@ def hub_serve(
 
 @agent_app.command("run")
 def agent_run(
-    hub: Annotated[str, typer.Option(help="grpc://HOST:PORT or mqtt://HOST:PORT")],
+    hub: Annotated[
+        str,
+        typer.Option(help="grpc://HOST:PORT, or mqtt[s]://HOST:PORT[/topic-prefix][?client_id=..]"),
+    ],
     device_id: Annotated[str, typer.Option(help="This device's id, unique in the fleet.")],
     label: Annotated[list[str] | None, typer.Option(help="A label k=v; repeat for more.")] = None,
     state_dir: Annotated[Path, typer.Option(help="Folder for the agent's state.")] = Path(
