@@ -7,12 +7,14 @@ works on a device where only the ``edge`` extra is installed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -83,6 +85,22 @@ def _open_hub(home: Path):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from exc
 
 
+@contextlib.contextmanager
+def _hub(home: Path) -> Iterator[Any]:
+    """Open the hub home for one command; its errors become a message and exit status 2."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from skills.errors import SkillError  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        yield hub
+    except (HubError, SkillError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+
+
 # -- hub ---------------------------------------------------------------------
 
 
@@ -126,17 +144,9 @@ def hub_serve(
     verbose: bool = False,
 ) -> None:
     """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted."""
-    from cloud.errors import HubError  # noqa: PLC0415
-
     _setup_logging(verbose)
-    hub = _open_hub(home)
-    try:
+    with _hub(home) as hub:
         _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt))
-    except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        hub.close()
 
 
 # -- agent -------------------------------------------------------------------
@@ -146,7 +156,7 @@ def hub_serve(
 def agent_run(
     hub: Annotated[
         str,
-        typer.Option(help="grpc://HOST:PORT, or mqtt[s]://HOST:PORT[/topic-prefix][?client_id=..]"),
+        typer.Option(help="grpc://HOST:PORT, mqtt://HOST:PORT/PREFIX or mqtts:// (TLS)"),
     ],
     device_id: Annotated[str, typer.Option(help="This device's id, unique in the fleet.")],
     label: Annotated[list[str] | None, typer.Option(help="A label k=v; repeat for more.")] = None,
@@ -214,42 +224,24 @@ def skill_build(
 @skill_app.command("push")
 def skill_push(bundle: Path, home: HomeOpt = DEFAULT_HOME) -> None:
     """Sign a bundle into the hub's TUF repository and register the version."""
-    from cloud.errors import HubError  # noqa: PLC0415
-    from skills.errors import SkillError  # noqa: PLC0415
-
-    hub = _open_hub(home)
-    try:
-        rec = hub.push(bundle)
-    except (HubError, SkillError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        hub.close()
-    console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
-    _link_models(home, rec.name, rec.version)
-
-
-def _link_models(home: Path, skill: str, version: str) -> None:
-    """Record in the model registry which artefacts a pushed skill version ships."""
     from cloud.models import ModelFactory  # noqa: PLC0415
 
-    hub = _open_hub(home)
-    try:
-        linked = ModelFactory.for_hub(hub).link_skill_version(skill, version)
-    finally:
-        hub.close()
+    with _hub(home) as hub:
+        rec = hub.push(bundle)
+        # Record in the model registry which artefacts this version ships.
+        linked = ModelFactory.for_hub(hub).link_skill_version(rec.name, rec.version)
+    console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
     if linked:
-        console.print(f"linked {len(linked)} registered model artefact(s) to {skill} {version}")
+        console.print(f"linked {len(linked)} registered model artefact(s) to this version")
 
 
 @skill_app.command("ls")
 def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List published skill versions."""
-    hub = _open_hub(home)
     table = Table("skill", "version", "size", "sha256", "target")
-    for rec in hub.store.list_skill_versions():
-        table.add_row(rec.name, rec.version, str(rec.size), rec.sha256[:12], rec.target_name)
-    hub.close()
+    with _hub(home) as hub:
+        for rec in hub.store.list_skill_versions():
+            table.add_row(rec.name, rec.version, str(rec.size), rec.sha256[:12], rec.target_name)
     console.print(table)
 
 
@@ -259,16 +251,8 @@ def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 @groups_app.command("create")
 def groups_create(name: str, selector: str, home: HomeOpt = DEFAULT_HOME) -> None:
     """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3."""
-    from cloud.errors import HubError  # noqa: PLC0415
-
-    hub = _open_hub(home)
-    try:
+    with _hub(home) as hub:
         hub.store.create_group(name, selector)
-    except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        hub.close()
     console.print(f"group {name} = {selector or '(all devices)'}")
 
 
@@ -277,35 +261,32 @@ def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List groups and how many devices each selects."""
     from cloud.selectors import parse_selector  # noqa: PLC0415
 
-    hub = _open_hub(home)
     table = Table("group", "selector", "devices")
-    for g in hub.store.list_groups():
-        table.add_row(
-            g.name, g.selector, str(len(hub.store.list_devices(parse_selector(g.selector))))
-        )
-    hub.close()
+    with _hub(home) as hub:
+        for g in hub.store.list_groups():
+            selected = hub.store.list_devices(parse_selector(g.selector))
+            table.add_row(g.name, g.selector, str(len(selected)))
     console.print(table)
 
 
 @devices_app.command("ls")
 def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List devices with their labels, state and skills."""
-    hub = _open_hub(home)
     table = Table("device", "labels", "online", "board", "desired gen", "skills")
-    for d in hub.store.list_devices():
-        rep = hub.store.reported_for(d.device_id)
-        skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in rep.skills) if rep else ""
-        labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-        gen = str(hub.store.desired_for(d.device_id).generation)
-        table.add_row(
-            d.device_id,
-            labels,
-            "yes" if d.online else "no",
-            str(d.profile.get("board", "")),
-            gen,
-            skills,
-        )
-    hub.close()
+    with _hub(home) as hub:
+        for d in hub.store.list_devices():
+            rep = hub.store.reported_for(d.device_id)
+            skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in rep.skills) if rep else ""
+            labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
+            gen = str(hub.store.desired_for(d.device_id).generation)
+            table.add_row(
+                d.device_id,
+                labels,
+                "yes" if d.online else "no",
+                str(d.profile.get("board", "")),
+                gen,
+                skills,
+            )
     console.print(table)
 
 
@@ -320,46 +301,31 @@ def deploy_create(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Deploy SKILL VERSION to every device of a group (all at once)."""
-    from cloud.errors import HubError  # noqa: PLC0415
     from protos.envelope import now_ms  # noqa: PLC0415
 
     cfg = dict(item.split("=", 1) for item in (config or []) if "=" in item)
-    hub = _open_hub(home)
-    try:
+    with _hub(home) as hub:
         dep = hub.store.create_deployment(skill, version, group, config=cfg, now_ms=now_ms())
-    except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        hub.close()
     console.print(f"deployment {dep.id}: {skill} {version} -> {group}")
 
 
 @deploy_app.command("status")
 def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
     """List deployments and their state."""
-    hub = _open_hub(home)
     table = Table("id", "skill", "version", "group", "strategy", "state")
-    for d in hub.store.list_deployments():
-        table.add_row(str(d.id), d.skill, d.version, d.group, d.strategy, d.state)
-    hub.close()
+    with _hub(home) as hub:
+        for d in hub.store.list_deployments():
+            table.add_row(str(d.id), d.skill, d.version, d.group, d.strategy, d.state)
     console.print(table)
 
 
 @deploy_app.command("abort")
 def deploy_abort(deployment_id: int, home: HomeOpt = DEFAULT_HOME) -> None:
     """Abort a deployment; its devices fall back to the previous deployment's version."""
-    from cloud.errors import HubError  # noqa: PLC0415
     from protos.envelope import now_ms  # noqa: PLC0415
 
-    hub = _open_hub(home)
-    try:
+    with _hub(home) as hub:
         dep = hub.store.abort_deployment(deployment_id, now_ms=now_ms())
-    except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        hub.close()
     console.print(f"deployment {dep.id} {dep.state}")
 
 
