@@ -164,7 +164,10 @@ class HubCore:
                 self.store.touch_device, device_id, now_ms=now_ms(), online=True
             )
         elif kind == "reported":
-            await asyncio.to_thread(self._save_report, device_id, env.reported)
+            # The device's send time orders its reports (clamped: a fast clock must not
+            # freeze them); a redelivered older report then cannot hide a newer one.
+            made_ms = min(env.sent_at_ms, now_ms()) if env.sent_at_ms > 0 else now_ms()
+            await asyncio.to_thread(self._save_report, device_id, env.reported, made_ms)
         elif kind == "telemetry":
             record = telemetry_record(env.telemetry)
             # Acked only after the batch holding it committed (end-to-end ack).
@@ -176,7 +179,7 @@ class HubCore:
             return [make_envelope(device_id, correlation_id=env.id, ack=pb.Ack(ids=[env.id]))]
         return []
 
-    def _save_report(self, device_id: str, report: pb.ReportedState) -> None:
+    def _save_report(self, device_id: str, report: pb.ReportedState, made_ms: int) -> None:
         if len(report.skills) > self.limits.max_skills_reported:
             raise ProtocolError(f"report lists more than {self.limits.max_skills_reported} skills")
         statuses = [
@@ -191,7 +194,7 @@ class HubCore:
             )
             for s in report.skills
         ]
-        self.store.save_report(device_id, report.generation, statuses, now_ms=now_ms())
+        self.store.save_report(device_id, report.generation, statuses, now_ms=made_ms)
 
     async def disconnected(self, device_id: str) -> None:
         """Mark a device offline after its connection ended."""

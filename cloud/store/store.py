@@ -233,7 +233,12 @@ class Store(Registry):
         *,
         now_ms: int,
     ) -> None:
-        """Store a device's report of its skills, replacing the previous one.
+        """Store a device's report of its skills, replacing an older one.
+
+        ``now_ms`` is when the device made the report. A report that arrives late
+        (redelivered after a newer one) changes nothing: it replaces the stored one
+        only when it answers a newer desired generation, or the same one and was
+        made no earlier.
 
         Raises:
             ValidationError: A malformed id, generation, time or status.
@@ -248,7 +253,15 @@ class Store(Registry):
         stmt = (
             self._dialect.insert(reported_states)
             .values(device_id=device_id, **values)
-            .on_conflict_do_update(index_elements=["device_id"], set_=values)
+            .on_conflict_do_update(
+                index_elements=["device_id"],
+                set_=values,
+                where=(reported_states.c.generation < generation)
+                | (
+                    (reported_states.c.generation == generation)
+                    & (reported_states.c.reported_ms <= now_ms)
+                ),
+            )
         )
         with self._tx(write=True) as conn:
             known = select(devices.c.device_id).where(devices.c.device_id == device_id)

@@ -113,3 +113,31 @@ def test_fetch_refuses_files_over_the_callers_cap(core: HubCore) -> None:
 def test_missing_file_is_not_found(core: HubCore) -> None:
     with pytest.raises(FileNotFoundError):
         core.open_fetch("metadata/99.root.json", 0, 10**6)
+
+
+def report(device_id: str, generation: int, version: str, sent_at_ms: int) -> pb.Envelope:
+    env = make_envelope(
+        device_id,
+        reported=pb.ReportedState(
+            generation=generation,
+            skills=[pb.SkillStatus(name="digits", version=version, state="running")],
+        ),
+    )
+    env.sent_at_ms = sent_at_ms
+    return env
+
+
+def test_a_redelivered_older_report_does_not_hide_a_newer_one(core: HubCore) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    t = 1_700_000_000_000
+    asyncio.run(core.handle("cam-1", report("cam-1", 2, "2.0.0", t + 10)))
+    asyncio.run(core.handle("cam-1", report("cam-1", 2, "1.0.0", t)))  # made earlier, arrived later
+    asyncio.run(
+        core.handle("cam-1", report("cam-1", 1, "0.9.0", t + 20))
+    )  # answers an older generation
+    rep = core.store.reported_for("cam-1")
+    assert rep is not None and (rep.generation, rep.skills[0].version) == (2, "2.0.0")
+    asyncio.run(core.handle("cam-1", report("cam-1", 2, "2.0.1", t + 30)))
+    asyncio.run(core.handle("cam-1", report("cam-1", 3, "3.0.0", t + 5)))  # newer generation wins
+    rep = core.store.reported_for("cam-1")
+    assert rep is not None and (rep.generation, rep.skills[0].version) == (3, "3.0.0")
