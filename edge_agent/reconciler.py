@@ -69,11 +69,13 @@ class Reconciler:
         log_dir: Path,
         on_change: Callable[[], None],
         precisions: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.installs = installs
         self.fetch_target = fetch_target
         self.profile_targets = tuple(profile_targets)
         self.precisions = tuple(precisions)
+        self.clock = clock
         self.log_dir = log_dir
         self.on_change = on_change
         self.processes: dict[str, SkillProcess] = {}
@@ -107,7 +109,7 @@ class Reconciler:
         if current is not None and current.version == spec.version:
             await self._ensure_running(spec.name, spec.version, spec.version, dict(spec.config))
             return
-        if self._failed.get((spec.name, spec.version), 0.0) > time.monotonic():
+        if self._failed.get((spec.name, spec.version), 0.0) > self.clock():
             if current is not None:  # keep the version that works running meanwhile
                 await self._ensure_running(
                     spec.name, current.version, spec.version, dict(spec.config)
@@ -124,7 +126,7 @@ class Reconciler:
             # The version that runs now keeps running; the failure is reported.
             key = (spec.name, spec.version)
             tries = self._fetch_failures[key] = self._fetch_failures.get(key, 0) + 1
-            self._failed[key] = time.monotonic() + min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (tries - 1))
+            self._failed[key] = self.clock() + min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (tries - 1))
             self._set(SkillState(spec.name, previous, "failed", str(exc), spec.version, previous))
             return
         await self._stop(spec.name)
