@@ -22,6 +22,7 @@ from edge_agent.installs import InstallStore
 from edge_agent.outbox import Outbox
 from edge_agent.profile import DeviceProfile, detect_profile
 from edge_agent.reconciler import Reconciler
+from edge_agent.sandbox import SkillProcess
 from edge_agent.transport import AgentTransport, open_transport
 from edge_agent.workload import ReplaySource, WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
@@ -267,12 +268,12 @@ class Agent:
             if not fed:
                 await asyncio.sleep(0.2)
 
-    async def _feed(self, key: tuple[str, str], proc: object, source: ReplaySource) -> None:
+    async def _feed(self, key: tuple[str, str], proc: SkillProcess, source: ReplaySource) -> None:
         started = time.monotonic()
         for i in range(len(source)):
             item, label = source.item(i)
             try:
-                result, ms = await asyncio.to_thread(proc.process, item)  # type: ignore[attr-defined]
+                result, ms = await asyncio.to_thread(proc.process, item)
             except AgentError as exc:
                 log.warning("skill %s stopped taking input: %s", key[0], exc)
                 return
