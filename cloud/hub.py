@@ -15,8 +15,8 @@ from pathlib import Path
 
 import tomli_w
 
-from cloud.errors import ConflictError, HubError
-from cloud.grpc_server import start_grpc_server
+from cloud.errors import ConflictError, HubError, ValidationError
+from cloud.grpc_server import ServerTls, start_grpc_server
 from cloud.hubcore import HubCore
 from cloud.store import SkillVersionRecord, Store, open_store
 from protos.envelope import now_ms
@@ -29,16 +29,61 @@ CONFIG_FILE = "hub.toml"
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """Where the hub's mTLS material lives: its certificate and key, and the devices' CA."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+
+    def resolve(self, home: Path) -> TlsFiles:
+        """The same files with relative paths taken from ``home``."""
+        return TlsFiles(home / self.cert, home / self.key, home / self.client_ca)
+
+    def load(self) -> ServerTls:
+        """Read the PEM files.
+
+        Raises:
+            TransportError: a file is missing, unreadable or too large.
+        """
+        return ServerTls.from_files(self.cert, self.key, self.client_ca)
+
+
+def tls_files(cert: Path | None, key: Path | None, client_ca: Path | None) -> TlsFiles | None:
+    """Group the three TLS settings: all of them (mTLS on) or none (plain gRPC).
+
+    Raises:
+        ValidationError: only some of the three are set.
+    """
+    given = [p for p in (cert, key, client_ca) if p is not None]
+    if not given:
+        return None
+    if cert is None or key is None or client_ca is None:
+        raise ValidationError("mTLS needs all of tls_cert, tls_key and client_ca")
+    return TlsFiles(cert, key, client_ca)
+
+
+@dataclass(frozen=True)
 class HubConfig:
-    """Settings kept in ``hub.toml``."""
+    """Settings kept in ``hub.toml``.
+
+    ``tls`` paths may be relative; they are taken from the hub home.
+    """
 
     store_url: str
     grpc_bind: str = "127.0.0.1:7443"
     mqtt_url: str = ""
+    tls: TlsFiles | None = None
 
     def dump(self, path: Path) -> None:
         """Write the settings to ``path``."""
         data = {"store_url": self.store_url, "grpc_bind": self.grpc_bind, "mqtt_url": self.mqtt_url}
+        if self.tls is not None:
+            data |= {
+                "tls_cert": str(self.tls.cert),
+                "tls_key": str(self.tls.key),
+                "client_ca": str(self.tls.client_ca),
+            }
         path.write_text(tomli_w.dumps(data), encoding="utf-8")
 
     @classmethod
@@ -50,12 +95,14 @@ class HubConfig:
         """
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
+            tls = tls_files(*(_opt_path(data, k) for k in ("tls_cert", "tls_key", "client_ca")))
             return cls(
                 store_url=str(data["store_url"]),
                 grpc_bind=str(data.get("grpc_bind", "127.0.0.1:7443")),
                 mqtt_url=str(data.get("mqtt_url", "")),
+                tls=tls,
             )
-        except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+        except (OSError, tomllib.TOMLDecodeError, KeyError, ValidationError) as exc:
             raise HubError(f"cannot read hub config {path}: {exc}") from exc
 
 
@@ -75,8 +122,16 @@ class Hub:
         store_url: str | None = None,
         grpc_bind: str = "127.0.0.1:7443",
         mqtt_url: str = "",
+        tls: TlsFiles | None = None,
     ) -> Hub:
         """Create a new hub home with fresh signing keys.
+
+        Args:
+            home: the folder to create the hub in.
+            store_url: SQLAlchemy URL of the registry; default SQLite in the home.
+            grpc_bind: address the gRPC server listens on.
+            mqtt_url: a broker to also serve devices through ('' for none).
+            tls: mTLS files for gRPC (relative paths are taken from the home).
 
         Raises:
             HubError: the home already holds a hub.
@@ -85,7 +140,7 @@ class Hub:
             raise HubError(f"{home} already holds a hub ({CONFIG_FILE} exists)")
         home.mkdir(parents=True, exist_ok=True)
         url = store_url or f"sqlite:///{(home / 'hub.db').resolve()}"
-        config = HubConfig(store_url=url, grpc_bind=grpc_bind, mqtt_url=mqtt_url)
+        config = HubConfig(store_url=url, grpc_bind=grpc_bind, mqtt_url=mqtt_url, tls=tls)
         trust = TrustRepository.init(home / "trust")
         store = open_store(url)
         config.dump(home / CONFIG_FILE)
@@ -140,16 +195,24 @@ class Hub:
         return HubCore(self.store, self.trust)
 
     async def serve(
-        self, stop: asyncio.Event, grpc_bind: str | None = None, mqtt_url: str | None = None
+        self,
+        stop: asyncio.Event,
+        grpc_bind: str | None = None,
+        mqtt_url: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
         Both transports share one :class:`HubCore`. MQTT starts first, so once the
-        gRPC port answers the hub is subscribed on the broker too.
+        gRPC port answers the hub is subscribed on the broker too. gRPC speaks
+        mTLS when ``tls`` (or the configured TLS files) is given.
 
         Raises:
-            TransportError: the broker could not be reached at start.
+            TransportError: the broker could not be reached at start, or a TLS
+                file cannot be read.
         """
+        tls = tls or self.config.tls
+        server_tls = tls.resolve(self.home).load() if tls is not None else None
         core = self.core()
         url = self.config.mqtt_url if mqtt_url is None else mqtt_url
         mqtt = None
@@ -158,12 +221,13 @@ class Hub:
 
             mqtt = await start_mqtt_server(core, url)
         try:
-            server, port = await start_grpc_server(core, grpc_bind or self.config.grpc_bind)
+            bind = grpc_bind or self.config.grpc_bind
+            server, port = await start_grpc_server(core, bind, server_tls)
         except BaseException:
             if mqtt is not None:
                 await mqtt.stop()
             raise
-        log.info("hub serving gRPC on port %d", port)
+        log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
         refresher = asyncio.create_task(self._refresh_timestamp())
         try:
             await stop.wait()
@@ -179,6 +243,11 @@ class Hub:
         while True:
             await asyncio.sleep(3600)
             await asyncio.to_thread(self.trust.refresh_timestamp)
+
+
+def _opt_path(data: dict[str, object], key: str) -> Path | None:
+    value = data.get(key)
+    return Path(str(value)) if value else None
 
 
 def _sha256(path: Path) -> str:

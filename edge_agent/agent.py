@@ -127,7 +127,13 @@ class Agent:
     async def _session(self) -> None:
         backoff = 0.2
         while True:
-            transport = open_transport(self.config.hub_url, self.config.device_id)
+            transport = open_transport(
+                self.config.hub_url,
+                self.config.device_id,
+                ca=self.config.tls_ca,
+                cert=self.config.tls_cert,
+                key=self.config.tls_key,
+            )
             try:
                 await transport.connect(self._register())
                 self.transport = transport

@@ -12,7 +12,7 @@ class AgentConfig:
     """Everything one agent process needs to know.
 
     Attributes:
-        hub_url: ``grpc://host:port`` or ``mqtt://host:port``.
+        hub_url: ``grpc://host:port``, ``grpcs://host:port`` (TLS) or ``mqtt://host:port``.
         device_id: this device's id, unique in the fleet.
         state_dir: the one folder the agent keeps its state in.
         labels: labels the device registers with (``kind=camera``).
@@ -26,6 +26,9 @@ class AgentConfig:
         telemetry_window_s: how often inference counters are sent up.
         reconcile_interval_s: a full reconcile runs at least this often.
         max_backoff_s: longest wait between reconnect attempts.
+        tls_ca: PEM CA the hub's certificate must chain to (``grpcs://``; default system roots).
+        tls_cert: PEM client certificate naming this device, for hubs that require mTLS.
+        tls_key: the client certificate's PEM private key.
     """
 
     hub_url: str
@@ -42,3 +45,6 @@ class AgentConfig:
     max_backoff_s: float = 5.0
     ack_timeout_s: float = 10.0
     max_bundle_bytes: int = 512 * 1024 * 1024
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None

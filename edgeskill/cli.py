@@ -52,6 +52,13 @@ HomeOpt = Annotated[
     ),
 ]
 DEFAULT_HOME = Path(".edgeskill/hub")
+TlsCertOpt = Annotated[
+    Path | None, typer.Option(help="The hub's TLS certificate (PEM); turns on mTLS for gRPC.")
+]
+TlsKeyOpt = Annotated[Path | None, typer.Option(help="The hub certificate's private key (PEM).")]
+ClientCaOpt = Annotated[
+    Path | None, typer.Option(help="CA (PEM) that signs device client certificates.")
+]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -117,13 +124,17 @@ def hub_init(
         str,
         typer.Option(help="Also serve devices through this broker: mqtt://HOST:1883/PREFIX."),
     ] = "",
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    client_ca: ClientCaOpt = None,
 ) -> None:
     """Create a hub home: signing keys (mode 0600), TUF metadata and the registry store."""
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
     try:
-        hub = Hub.init(home, store_url, grpc_bind, mqtt)
+        tls = _tls_files(tls_cert, tls_key, client_ca)
+        hub = Hub.init(home, store_url, grpc_bind, mqtt, tls)
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -141,12 +152,55 @@ def hub_serve(
         str | None,
         typer.Option(help="Override the configured broker: mqtt://HOST:1883/PREFIX ('' for none)."),
     ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    client_ca: ClientCaOpt = None,
     verbose: bool = False,
 ) -> None:
     """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted."""
     _setup_logging(verbose)
     with _hub(home) as hub:
-        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt))
+        tls = _tls_files(tls_cert, tls_key, client_ca)
+        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt, tls))
+
+
+def _tls_files(cert: Path | None, key: Path | None, ca: Path | None) -> Any:
+    """The three TLS options as one ``TlsFiles``, with paths taken from the working folder.
+
+    Raises:
+        ValidationError: only some of the three are given.
+    """
+    from cloud.hub import tls_files  # noqa: PLC0415
+
+    return tls_files(*(p.resolve() if p is not None else None for p in (cert, key, ca)))
+
+
+@hub_app.command("issue-cert")
+def hub_issue_cert(
+    device_id: Annotated[str, typer.Argument(help="The device the certificate names (its CN).")],
+    out: Annotated[Path, typer.Option(help="Folder for DEVICE_ID.crt/.key and ca.crt.")] = Path(
+        "certs"
+    ),
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Issue a device's mTLS client certificate from the hub's CA (made in HOME/pki once)."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.pki import issue_device_credentials  # noqa: PLC0415
+
+    try:
+        creds = issue_device_credentials(home, device_id, out)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"issued {creds.client.cert} and {creds.client.key} (CN={device_id})")
+    console.print(
+        f"hub: edgeskill hub serve --tls-cert {creds.server.cert} --tls-key {creds.server.key} "
+        f"--client-ca {home / 'pki' / 'ca.crt'}"
+    )
+    console.print(
+        f"device: edgeskill agent run --hub grpcs://HOST:PORT --ca {creds.ca} "
+        f"--cert {creds.client.cert} --key {creds.client.key} ..."
+    )
 
 
 # -- agent -------------------------------------------------------------------
@@ -156,7 +210,9 @@ def hub_serve(
 def agent_run(
     hub: Annotated[
         str,
-        typer.Option(help="grpc://HOST:PORT, mqtt://HOST:PORT/PREFIX or mqtts:// (TLS)"),
+        typer.Option(
+            help="grpc://HOST:PORT, grpcs://HOST:PORT (TLS), mqtt://HOST:PORT/PREFIX or mqtts://"
+        ),
     ],
     device_id: Annotated[str, typer.Option(help="This device's id, unique in the fleet.")],
     label: Annotated[list[str] | None, typer.Option(help="A label k=v; repeat for more.")] = None,
@@ -173,6 +229,13 @@ def agent_run(
     source_loop: Annotated[bool, typer.Option(help="Replay the source forever.")] = False,
     source_rate: Annotated[float, typer.Option(help="Source items per second per skill.")] = 200.0,
     telemetry_window: Annotated[float, typer.Option(help="Seconds per telemetry window.")] = 2.0,
+    ca: Annotated[
+        Path | None, typer.Option(help="grpcs://: CA (PEM) the hub's certificate chains to.")
+    ] = None,
+    cert: Annotated[
+        Path | None, typer.Option(help="grpcs://: this device's client certificate (PEM).")
+    ] = None,
+    key: Annotated[Path | None, typer.Option(help="grpcs://: the client key (PEM).")] = None,
     verbose: bool = False,
 ) -> None:
     """Connect this device to a hub and keep its skills in the desired state."""
@@ -195,6 +258,9 @@ def agent_run(
         source_loop=source_loop,
         source_rate_hz=source_rate,
         telemetry_window_s=telemetry_window,
+        tls_ca=ca,
+        tls_cert=cert,
+        tls_key=key,
     )
     _run_until_signal(Agent(config).run)
 

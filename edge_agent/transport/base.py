@@ -117,14 +117,19 @@ class AgentTransport(ABC):
     ) -> None:
         stream = self._fetch(path, len(buf), max_bytes)
         while True:
+            # A nested asyncio.timeout, not wait_for: in Python 3.11 wait_for can swallow
+            # the outer deadline's cancellation when a chunk arrives at the same moment.
             try:
-                chunk = await asyncio.wait_for(anext(stream), limits.chunk_timeout_s)
+                async with asyncio.timeout(limits.chunk_timeout_s):
+                    chunk = await anext(stream)
             except StopAsyncIteration:
                 return
             except TimeoutError as exc:
                 raise TransportError(
                     f"no data for {path} in {limits.chunk_timeout_s:.0f} s"
                 ) from exc
+            if time.monotonic() - started > limits.deadline_s:
+                raise FetchAborted(f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline")
             buf += chunk
             if len(buf) > max_bytes:
                 raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")

@@ -4,19 +4,56 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import grpc.aio
 
 from edge_agent.errors import TransportError
-from edge_agent.transport.base import AgentTransport
+from edge_agent.transport.base import AgentTransport, FetchAborted
 from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
 from protos.envelope import validate_envelope
 from protos.errors import ProtocolError
 
 _CHUNK_CAP = 4 * 1024 * 1024
+_MAX_PEM_BYTES = 1024 * 1024
 _CLOSE = object()
+_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+
+
+def tls_credentials(
+    *, ca: Path | None = None, cert: Path | None = None, key: Path | None = None
+) -> grpc.ChannelCredentials:
+    """TLS credentials for a ``grpcs://`` hub, read from PEM files before connecting.
+
+    Args:
+        ca: the CA the hub's certificate must chain to; default the system's roots.
+        cert: this device's client certificate (mTLS); needs ``key``.
+        key: the client certificate's private key; needs ``cert``.
+
+    Raises:
+        TransportError: only one of ``cert`` and ``key`` is given, or a file is
+            missing, unreadable, empty or too large.
+    """
+    if (cert is None) != (key is None):
+        raise TransportError("a client certificate needs both --cert and --key")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca) if ca is not None else None,
+        private_key=_read_pem(key) if key is not None else None,
+        certificate_chain=_read_pem(cert) if cert is not None else None,
+    )
+
+
+def _read_pem(path: Path) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(_MAX_PEM_BYTES + 1)
+    except OSError as exc:
+        raise TransportError(f"cannot read TLS file {path}: {exc}") from exc
+    if not data.strip() or len(data) > _MAX_PEM_BYTES:
+        raise TransportError(f"TLS file {path} is empty or larger than {_MAX_PEM_BYTES} bytes")
+    return data
 
 
 def channel_options() -> list[tuple[str, int]]:
@@ -31,7 +68,7 @@ def channel_options() -> list[tuple[str, int]]:
 
 
 class GrpcAgentTransport(AgentTransport):
-    """Talks to ``grpc://host:port``; TLS when credentials are given."""
+    """Talks to ``grpc://host:port``; TLS (``grpcs://``) when credentials are given."""
 
     def __init__(
         self,
@@ -41,7 +78,7 @@ class GrpcAgentTransport(AgentTransport):
         credentials: grpc.ChannelCredentials | None = None,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.url = f"grpc://{target}"
+        self.url = f"{'grpc' if credentials is None else 'grpcs'}://{target}"
         self._target = target
         self._device_id = device_id
         self._credentials = credentials
@@ -126,6 +163,11 @@ class GrpcAgentTransport(AgentTransport):
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise FileNotFoundError(path) from exc
+            if exc.code() in _REFUSALS:
+                # The hub refused this device; asking again would only be refused again.
+                raise FetchAborted(
+                    f"fetch of {path} refused: {exc.code().name} {exc.details()}"
+                ) from exc
             raise TransportError(
                 f"fetch of {path} failed: {exc.code().name} {exc.details()}"
             ) from exc

@@ -15,6 +15,7 @@ COMMANDS = [
     ["hub"],
     ["hub", "init"],
     ["hub", "serve"],
+    ["hub", "issue-cert"],
     ["agent", "run"],
     ["skill", "build"],
     ["skill", "push"],
