@@ -18,6 +18,7 @@ import tomli_w
 from cloud.errors import ConflictError, HubError, ValidationError
 from cloud.grpc_server import ServerTls, start_grpc_server
 from cloud.hubcore import HubCore
+from cloud.metrics import start_hub_metrics
 from cloud.store import SkillVersionRecord, Store, open_store
 from protos.envelope import now_ms
 from skills.bundle import read_manifest
@@ -200,20 +201,41 @@ class Hub:
         grpc_bind: str | None = None,
         mqtt_url: str | None = None,
         tls: TlsFiles | None = None,
+        metrics_bind: str | None = None,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
         Both transports share one :class:`HubCore`. MQTT starts first, so once the
         gRPC port answers the hub is subscribed on the broker too. gRPC speaks
-        mTLS when ``tls`` (or the configured TLS files) is given.
+        mTLS when ``tls`` (or the configured TLS files) is given. With
+        ``metrics_bind`` (``HOST:PORT``) a Prometheus endpoint serves the
+        core's counters; it starts before the transports and stops after them.
 
         Raises:
-            TransportError: the broker could not be reached at start, or a TLS
-                file cannot be read.
+            TransportError: the broker could not be reached at start, a TLS
+                file cannot be read, or the metrics address cannot be bound.
+            ValidationError: a malformed ``metrics_bind``.
         """
         tls = tls or self.config.tls
         server_tls = tls.resolve(self.home).load() if tls is not None else None
         core = self.core()
+        metrics = start_hub_metrics(core, self.store, metrics_bind) if metrics_bind else None
+        if metrics is not None:
+            log.info("hub serving Prometheus metrics on port %d", metrics.port)
+        try:
+            await self._serve_transports(core, stop, grpc_bind, mqtt_url, server_tls)
+        finally:
+            if metrics is not None:
+                await asyncio.to_thread(metrics.stop)
+
+    async def _serve_transports(
+        self,
+        core: HubCore,
+        stop: asyncio.Event,
+        grpc_bind: str | None,
+        mqtt_url: str | None,
+        server_tls: ServerTls | None,
+    ) -> None:
         url = self.config.mqtt_url if mqtt_url is None else mqtt_url
         mqtt = None
         if url:

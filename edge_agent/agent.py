@@ -19,6 +19,7 @@ from edge_agent import __version__
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError, TransportError
 from edge_agent.installs import InstallStore
+from edge_agent.metrics import InferenceCounter, start_agent_metrics
 from edge_agent.outbox import Outbox
 from edge_agent.profile import DeviceProfile, detect_profile
 from edge_agent.reconciler import Reconciler
@@ -66,9 +67,16 @@ class Agent:
         self._in_flight: dict[str, float] = {}
         self.windows: dict[tuple[str, str], WindowStats] = {}
         self._seq = _read_int(state / "telemetry.seq")
+        #: Running totals exported as metrics.
+        self.inference_counts = InferenceCounter()
+        self.outbox_dropped_total = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set."""
+        """Run until ``stop`` is set.
+
+        Raises:
+            AgentError: the metrics address (``config.metrics_bind``) is malformed or taken.
+        """
         self._loop = asyncio.get_running_loop()
         cleaned = await asyncio.to_thread(self.installs.recover)
         if cleaned:
@@ -80,6 +88,8 @@ class Agent:
             self._workload,
             self._telemetry_loop,
         ]
+        bind = self.config.metrics_bind
+        metrics = start_agent_metrics(self, bind) if bind else None
         tasks = [asyncio.create_task(self._supervise(m), name=m.__name__) for m in modules]
         try:
             await stop.wait()
@@ -87,6 +97,8 @@ class Agent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if metrics is not None:
+                await asyncio.to_thread(metrics.stop)
             await self.reconciler.shutdown()
             self._flush_windows()
             self.outbox.close()
@@ -285,6 +297,7 @@ class Agent:
                 return
             window = self.windows.setdefault(key, WindowStats(*key))
             window.record(result, ms, label)
+            self.inference_counts.add(*key)
             await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
 
     async def _telemetry_loop(self) -> None:
@@ -296,7 +309,9 @@ class Agent:
         windows, self.windows = self.windows, {}
         for stats in windows.values():
             if stats.inferences:
-                msg = stats.to_message(dropped=self.outbox.take_dropped())
+                dropped = self.outbox.take_dropped()
+                self.outbox_dropped_total += dropped
+                msg = stats.to_message(dropped=dropped)
                 # A per-device sequence number lets the hub (and tests) see gaps and repeats.
                 self._seq += 1
                 _write_int(self.config.state_dir / "telemetry.seq", self._seq)

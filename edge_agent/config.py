@@ -29,6 +29,7 @@ class AgentConfig:
         tls_ca: PEM CA the hub's certificate must chain to (``grpcs://``; default system roots).
         tls_cert: PEM client certificate naming this device, for hubs that require mTLS.
         tls_key: the client certificate's PEM private key.
+        metrics_bind: ``HOST:PORT`` to serve Prometheus metrics on (``None``: no endpoint).
     """
 
     hub_url: str
@@ -48,3 +49,4 @@ class AgentConfig:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    metrics_bind: str | None = None

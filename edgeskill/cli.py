@@ -59,6 +59,9 @@ TlsKeyOpt = Annotated[Path | None, typer.Option(help="The hub certificate's priv
 ClientCaOpt = Annotated[
     Path | None, typer.Option(help="CA (PEM) that signs device client certificates.")
 ]
+MetricsBindOpt = Annotated[
+    str | None, typer.Option(help="Serve Prometheus metrics on HOST:PORT (default: off).")
+]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -155,13 +158,14 @@ def hub_serve(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     client_ca: ClientCaOpt = None,
+    metrics_bind: MetricsBindOpt = None,
     verbose: bool = False,
 ) -> None:
     """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted."""
     _setup_logging(verbose)
     with _hub(home) as hub:
         tls = _tls_files(tls_cert, tls_key, client_ca)
-        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt, tls))
+        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt, tls, metrics_bind))
 
 
 def _tls_files(cert: Path | None, key: Path | None, ca: Path | None) -> Any:
@@ -236,6 +240,7 @@ def agent_run(
         Path | None, typer.Option(help="grpcs://: this device's client certificate (PEM).")
     ] = None,
     key: Annotated[Path | None, typer.Option(help="grpcs://: the client key (PEM).")] = None,
+    metrics_bind: MetricsBindOpt = None,
     verbose: bool = False,
 ) -> None:
     """Connect this device to a hub and keep its skills in the desired state."""
@@ -261,6 +266,7 @@ def agent_run(
         tls_ca=ca,
         tls_cert=cert,
         tls_key=key,
+        metrics_bind=metrics_bind,
     )
     _run_until_signal(Agent(config).run)
 

@@ -1,0 +1,141 @@
+"""The hub's Prometheus endpoint, scraped over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cloud.errors import TransportError, ValidationError
+from cloud.hub import Hub
+from cloud.hubcore import HubCore
+from cloud.metrics import parse_bind, start_hub_metrics
+from cloud.store import open_store
+from protos import ProtocolError, make_envelope, pb
+from skills.trust import TrustRepository
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the endpoint, keyed by name and sorted labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[HubCore]:
+    store = open_store(f"sqlite:///{tmp_path / 'hub.db'}")
+    yield HubCore(store, TrustRepository.init(tmp_path / "trust"))
+    store.close()
+
+
+async def _traffic(core: HubCore) -> None:
+    reg = pb.Register(labels={"kind": "camera"}, profile=pb.HardwareProfile(arch="x86_64"))
+    await core.register(make_envelope("cam-1", register=reg))
+    await core.register(make_envelope("cam-2", register=reg))
+    await core.disconnected("cam-2")
+    good = pb.Telemetry(skill="digits", version="1.0.0", inferences=5)
+    await core.handle("cam-1", make_envelope("cam-1", telemetry=good))
+    bad = pb.Telemetry(skill="digits", version="1.0.0", inferences=1, labelled=2)
+    try:
+        await core.handle("cam-1", make_envelope("cam-1", telemetry=bad))
+    except ProtocolError:
+        core.drop("bad-message")  # what every transport does with a refused message
+    else:
+        raise AssertionError("inconsistent telemetry was accepted")
+    await core.close()
+
+
+def test_endpoint_shows_message_drop_telemetry_and_fleet_counts(core: HubCore) -> None:
+    server = start_hub_metrics(core, core.store, "127.0.0.1:0")
+    try:
+        before = scrape(server.port)
+        assert before[("edgeskill_hub_devices", ())] == 0
+        asyncio.run(_traffic(core))
+        after = scrape(server.port)
+    finally:
+        server.stop()
+    assert after[("edgeskill_hub_messages_total", (("kind", "register"),))] == 2
+    assert after[("edgeskill_hub_messages_total", (("kind", "telemetry"),))] == 1
+    assert after[("edgeskill_hub_dropped_total", (("reason", "bad-message"),))] == 1
+    assert after[("edgeskill_hub_telemetry_batches_total", ())] == 1
+    assert after[("edgeskill_hub_telemetry_items_total", ())] == 1
+    assert after[("edgeskill_hub_devices", ())] == 2
+    assert after[("edgeskill_hub_devices_online", ())] == 1
+    assert refused(server.port)
+
+
+def test_two_hubs_in_one_process_keep_their_own_series(tmp_path: Path, core: HubCore) -> None:
+    other = HubCore(open_store(f"sqlite:///{tmp_path / 'other.db'}"), core.trust)
+    first = start_hub_metrics(core, core.store, "127.0.0.1:0")
+    second = start_hub_metrics(other, other.store, "127.0.0.1:0")
+    try:
+        core.drop("oversized")
+        assert scrape(first.port)[("edgeskill_hub_dropped_total", (("reason", "oversized"),))] == 1
+        assert ("edgeskill_hub_dropped_total", (("reason", "oversized"),)) not in scrape(
+            second.port
+        )
+    finally:
+        first.stop()
+        second.stop()
+        other.store.close()
+
+
+def test_serve_exposes_metrics_only_while_serving(tmp_path: Path) -> None:
+    hub = Hub.init(tmp_path / "hub", grpc_bind="127.0.0.1:0")
+    port = free_port()
+
+    async def main() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        stop = asyncio.Event()
+        serving = asyncio.create_task(hub.serve(stop, metrics_bind=f"127.0.0.1:{port}"))
+        for _ in range(100):
+            if not refused(port):
+                break
+            await asyncio.sleep(0.02)
+        samples = await asyncio.to_thread(scrape, port)
+        stop.set()
+        await serving
+        return samples
+
+    try:
+        samples = asyncio.run(main())
+    finally:
+        hub.close()
+    assert samples[("edgeskill_hub_devices", ())] == 0
+    assert refused(port)
+
+
+@pytest.mark.parametrize("bind", ["9464", "127.0.0.1:", ":9464", "127.0.0.1:70000", "h:x"])
+def test_a_malformed_address_is_refused(bind: str) -> None:
+    with pytest.raises(ValidationError):
+        parse_bind(bind)
+
+
+def test_bind_parses_ipv6_and_a_taken_port_is_a_transport_error(core: HubCore) -> None:
+    assert parse_bind("[::1]:9464") == ("::1", 9464)
+    server = start_hub_metrics(core, core.store, "127.0.0.1:0")
+    try:
+        with pytest.raises(TransportError, match="cannot serve metrics"):
+            start_hub_metrics(core, core.store, f"127.0.0.1:{server.port}")
+    finally:
+        server.stop()
