@@ -19,7 +19,7 @@ class AgentConfig:
         board: a board name from the profile table, instead of detection.
         trusted_root: the hub's TUF ``root.json``, needed on the first start only
             (the agent keeps it, and follows root rotations, in its state folder);
-            without any, nothing is installed.
+            without one, and none kept from an earlier start, the agent refuses to start.
         source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running skill.
         source_rate_hz: items per second the source feeds, per skill.
         source_loop: replay the source forever instead of once per skill version.

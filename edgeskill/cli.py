@@ -246,6 +246,8 @@ def agent_run(
     """Connect this device to a hub and keep its skills in the desired state."""
     from edge_agent.agent import Agent  # noqa: PLC0415
     from edge_agent.config import AgentConfig  # noqa: PLC0415
+    from edge_agent.errors import AgentError  # noqa: PLC0415
+    from skills.errors import SkillError  # noqa: PLC0415
 
     _setup_logging(verbose)
     labels = dict(item.split("=", 1) for item in (label or []) if "=" in item)
@@ -268,7 +270,11 @@ def agent_run(
         tls_key=key,
         metrics_bind=metrics_bind,
     )
-    _run_until_signal(Agent(config).run)
+    try:
+        _run_until_signal(Agent(config).run)
+    except (AgentError, SkillError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
 
 
 # -- skills ------------------------------------------------------------------

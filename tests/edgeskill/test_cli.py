@@ -73,3 +73,15 @@ def test_commands_on_a_missing_home_say_how_to_start(tmp_path: Path) -> None:
     result = runner.invoke(app, ["devices", "ls", "--home", str(tmp_path / "nowhere")])
     assert result.exit_code == 2
     assert "hub init" in result.output
+
+
+def test_agent_with_a_bad_setting_says_so_and_exits_2(tmp_path: Path) -> None:
+    args = ["agent", "run", "--hub", "grpc://127.0.0.1:9", "--device-id", "cam-1"]
+    args += ["--state-dir", str(tmp_path / "agent")]
+    no_root = runner.invoke(app, args)
+    assert no_root.exit_code == 2 and "trusted root" in no_root.output
+
+    assert runner.invoke(app, ["hub", "init", "--home", str(tmp_path / "hub")]).exit_code == 0
+    root = tmp_path / "hub" / "trust" / "metadata" / "root.json"
+    bad_bind = runner.invoke(app, [*args, "--trusted-root", str(root), "--metrics-bind", "nowhere"])
+    assert bad_bind.exit_code == 2 and "error" in bad_bind.output
