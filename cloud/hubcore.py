@@ -133,11 +133,6 @@ class HubCore:
         record = await asyncio.to_thread(self.store.desired_for, device_id)
         return desired_envelope(device_id, record)
 
-    async def desired_generation(self, device_id: str) -> int:
-        """Generation of the device's desired state (cheap change detection)."""
-        record = await asyncio.to_thread(self.store.desired_for, device_id)
-        return record.generation
-
     async def handle(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle one message from a registered device; return the replies.
 
@@ -243,20 +238,14 @@ def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:
 
 
 def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
-    """Convert a wire telemetry message to a store record, clamping what is out of range.
+    """Convert a wire telemetry message to a store record.
 
-    Raises:
-        ProtocolError: negative counters or more correct than labelled.
+    The store validates it (names, counters, ``correct <= labelled <= inferences``,
+    metric caps); :meth:`HubCore.handle` turns its refusal into a ProtocolError.
     """
-    if min(msg.inferences, msg.labelled, msg.correct, msg.dropped_messages) < 0:
-        raise ProtocolError("negative telemetry counter")
-    if msg.correct > msg.labelled or msg.labelled > msg.inferences:
-        raise ProtocolError("telemetry counts are inconsistent")
-    if len(msg.metrics) > 64:
-        raise ProtocolError("more than 64 telemetry metrics")
     return TelemetryRecord(
-        skill=msg.skill[:64],
-        version=msg.version[:64],
+        skill=msg.skill,
+        version=msg.version,
         inferences=msg.inferences,
         labelled=msg.labelled,
         correct=msg.correct,
