@@ -13,6 +13,8 @@ from pathlib import Path
 from skills.errors import TrustError
 
 _CHUNK = 1024 * 1024
+TMP_PREFIX = ".tmp-"
+STAGE_PREFIX = ".stage-"
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
@@ -26,7 +28,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     Raises:
         OSError: The folder cannot be written.
     """
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -77,7 +79,7 @@ def stage_copy(source: Path, folder: Path, max_bytes: int) -> tuple[Path, str, i
     """
     digest = hashlib.sha256()
     length = 0
-    fd, name = tempfile.mkstemp(dir=folder, prefix=".stage-")
+    fd, name = tempfile.mkstemp(dir=folder, prefix=f"{STAGE_PREFIX}{os.getpid()}-")
     staged = Path(name)
     try:
         with source.open("rb") as src, os.fdopen(fd, "wb") as dst:
@@ -94,3 +96,42 @@ def stage_copy(source: Path, folder: Path, max_bytes: int) -> tuple[Path, str, i
         staged.unlink(missing_ok=True)
         raise
     return staged, digest.hexdigest(), length
+
+
+def clean_leftovers(staging: Path, metadata: Path) -> list[str]:
+    """Delete what killed writers left: staged copies of dead processes, half-written files.
+
+    Call with the repository lock held: then no ``.tmp-`` file is being
+    written, while a staged copy may still belong to a live process that is
+    waiting for the lock, so only those of dead processes go.
+
+    Args:
+        staging: The folder staged copies are made in.
+        metadata: The folder metadata is written in.
+
+    Returns:
+        The names removed.
+
+    Raises:
+        OSError: A folder cannot be listed or a file removed.
+    """
+    removed = []
+    for path in sorted(staging.glob(f"{STAGE_PREFIX}*")):
+        pid = path.name[len(STAGE_PREFIX) :].split("-", 1)[0]
+        if not (pid.isdigit() and _alive(int(pid))):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    for path in sorted(metadata.glob(f"{TMP_PREFIX}*")):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

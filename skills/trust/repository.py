@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +30,7 @@ from tuf.api.exceptions import RepositoryError
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
 from skills.errors import TrustError
-from skills.trust._files import atomic_write, exclusive_lock, stage_copy
+from skills.trust._files import atomic_write, clean_leftovers, exclusive_lock, stage_copy
 from skills.trust._names import check_target_name, is_safe_relpath, served_path
 
 __all__ = ["DEFAULT_EXPIRY_DAYS", "MAX_TARGET_BYTES", "TargetRef", "TrustRepository"]
@@ -77,6 +78,9 @@ class TrustRepository:
         self._meta = self._dir / "metadata"
         self._keys = self._dir / "keys"
         self._expiry = dict(expiry_days)
+        #: Called with the name of each step of a publication as it completes; the
+        #: crash tests use it to stop a publishing process at a known step.
+        self.on_step: Callable[[str], None] = _no_step
 
     @classmethod
     def init(cls, root_dir: Path, *, expiry_days: dict[str, int] | None = None) -> TrustRepository:
@@ -134,7 +138,8 @@ class TrustRepository:
         """Sign ``source`` into the repository as target ``name``.
 
         Publishes new targets, snapshot and timestamp versions. Targets are
-        immutable: re-adding a name with the same content changes nothing.
+        immutable: re-adding a name with the same content publishes nothing new,
+        but completes a publication that a killed process left half done.
 
         Args:
             name: The target name (relative, ``[A-Za-z0-9._/-]``, at most 200 characters).
@@ -151,7 +156,9 @@ class TrustRepository:
         check_target_name(name)
         staged, sha256, length = stage_copy(Path(source), self._dir, MAX_TARGET_BYTES)
         try:
+            self.on_step("staged")
             with exclusive_lock(self._dir / ".lock"):
+                self._repair()
                 targets = self._load("targets")
                 ref = TargetRef(name, length, sha256, served_path(name, sha256))
                 known = targets.signed.targets.get(name)
@@ -160,12 +167,26 @@ class TrustRepository:
                 final = self._dir / ref.path
                 final.parent.mkdir(parents=True, exist_ok=True)
                 staged.replace(final)
+                self.on_step("target")
                 if known is None:
                     targets.signed.targets[name] = TargetFile(length, {"sha256": sha256}, name)
                     self._publish(targets, bump_snapshot=True)
                 return ref
         finally:
             staged.unlink(missing_ok=True)
+
+    def repair(self) -> list[str]:
+        """Finish what a killed publisher left: complete the metadata chain, drop leftovers.
+
+        Returns:
+            What was done, one line per fix (empty when the repository was whole).
+
+        Raises:
+            TrustError: The repository's keys or metadata are unusable.
+            OSError: The repository cannot be written.
+        """
+        with exclusive_lock(self._dir / ".lock"):
+            return self._repair()
 
     def refresh_timestamp(self) -> None:
         """Publish a new timestamp; also renew snapshot or targets past half their life.
@@ -175,6 +196,7 @@ class TrustRepository:
             OSError: The repository cannot be written.
         """
         with exclusive_lock(self._dir / ".lock"):
+            self._repair()
             targets = self._load("targets")
             renew_targets = self._past_half_life(targets.signed)
             renew_snapshot = self._past_half_life(self._load("snapshot").signed)
@@ -251,6 +273,38 @@ class TrustRepository:
 
     # --- writing -------------------------------------------------------------------
 
+    def _repair(self) -> list[str]:
+        """Roll a half-written publication forward (caller holds the lock).
+
+        A publication writes targets, then snapshot, then timestamp. Killed in
+        between, ``targets.json`` is newer than what the snapshot lists (or the
+        snapshot newer than what the timestamp lists); clients keep seeing the
+        old, consistent state, and re-signing the rest of the chain completes it.
+        """
+        done = [f"removed leftover {p}" for p in clean_leftovers(self._dir, self._meta)]
+        targets = self._load("targets")
+        snapshot = self._load("snapshot")
+        listed = snapshot.signed.meta.get("targets.json")
+        if listed is None or listed.version != targets.signed.version:
+            self._publish_chain(snapshot, targets)
+            done.append(f"completed the publication of targets v{targets.signed.version}")
+        elif self._load("timestamp").signed.snapshot_meta.version != snapshot.signed.version:
+            self._publish(None, bump_snapshot=True)
+            done.append(f"completed the publication of snapshot v{snapshot.signed.version}")
+        return done
+
+    def _publish_chain(self, snapshot: Metadata[Any], targets: Metadata[Any]) -> None:
+        """List the targets already on disk in a new snapshot and timestamp."""
+        snapshot.signed.meta["targets.json"] = MetaFile.from_data(
+            targets.signed.version, self._read_meta("targets"), ["sha256"]
+        )
+        timestamp = self._load("timestamp")
+        snapshot_bytes = self._renew(snapshot)
+        timestamp.signed.snapshot_meta = MetaFile.from_data(
+            snapshot.signed.version, snapshot_bytes, ["sha256"]
+        )
+        self._renew(timestamp)
+
     def _publish(self, targets: Metadata[Any] | None, *, bump_snapshot: bool) -> None:
         """Sign and write the chain targets -> snapshot -> timestamp (caller holds the lock).
 
@@ -284,7 +338,9 @@ class TrustRepository:
         data = md.to_bytes()
         if role != "timestamp":
             atomic_write(self._meta / f"{md.signed.version}.{role}.json", data)
+            self.on_step(f"{md.signed.version}.{role}.json")
         atomic_write(self._meta / f"{role}.json", data)
+        self.on_step(f"{role}.json")
         return data
 
     def _create_keys(self) -> dict[str, CryptoSigner]:
@@ -327,7 +383,7 @@ class TrustRepository:
 
     # --- reading -------------------------------------------------------------------
 
-    def _load(self, role: str) -> Metadata[Any]:
+    def _read_meta(self, role: str) -> bytes:
         path = self._meta / f"{role}.json"
         try:
             with path.open("rb") as handle:
@@ -336,6 +392,11 @@ class TrustRepository:
             raise TrustError(f"repository has no {path.name}") from exc
         if len(data) > _MAX_METADATA_BYTES:
             raise TrustError(f"{path.name} is larger than {_MAX_METADATA_BYTES} bytes")
+        return data
+
+    def _load(self, role: str) -> Metadata[Any]:
+        path = self._meta / f"{role}.json"
+        data = self._read_meta(role)
         try:
             md: Metadata[Any] = Metadata.from_bytes(data)
         except RepositoryError as exc:
@@ -375,6 +436,10 @@ class TrustRepository:
     def _past_half_life(self, signed: Targets | Snapshot) -> bool:
         left = signed.expires - datetime.now(UTC)
         return left < timedelta(days=self._expiry[signed.type]) / 2
+
+
+def _no_step(_step: str) -> None:
+    """The default :attr:`TrustRepository.on_step`: nothing."""
 
 
 def _check_expiry(expiry_days: dict[str, int] | None) -> dict[str, int]:
