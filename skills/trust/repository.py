@@ -15,6 +15,7 @@ Layout of ``root_dir``::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -33,9 +34,15 @@ from skills.errors import TrustError
 from skills.trust._files import atomic_write, clean_leftovers, exclusive_lock, stage_copy
 from skills.trust._names import check_target_name, is_safe_relpath, served_path
 
-__all__ = ["DEFAULT_EXPIRY_DAYS", "MAX_TARGET_BYTES", "TargetRef", "TrustRepository"]
+__all__ = [
+    "DEFAULT_EXPIRY_DAYS",
+    "MAX_TARGET_BYTES",
+    "ONLINE_ROLES",
+    "TargetRef",
+    "TrustRepository",
+]
 
-_ROLES = ("root", "targets", "snapshot", "timestamp")
+ONLINE_ROLES = ("targets", "snapshot", "timestamp")
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 7, "timestamp": 1}
 MAX_TARGET_BYTES = 512 * 1024 * 1024
 _MAX_EXPIRY_DAYS = 3650
@@ -83,21 +90,35 @@ class TrustRepository:
         self.on_step: Callable[[str], None] = _no_step
 
     @classmethod
-    def init(cls, root_dir: Path, *, expiry_days: dict[str, int] | None = None) -> TrustRepository:
+    def init(
+        cls,
+        root_dir: Path,
+        *,
+        expiry_days: dict[str, int] | None = None,
+        root_signers: list[CryptoSigner] | None = None,
+        root_threshold: int = 1,
+    ) -> TrustRepository:
         """Create keys and version-1 metadata for a new repository.
 
         Args:
             root_dir: The folder to create the repository in (made if absent).
             expiry_days: Lifetimes in days overriding :data:`DEFAULT_EXPIRY_DAYS`.
+            root_signers: Root keys kept outside the repository (offline); without
+                them a root key is made and kept online in ``keys/root.pem``.
+            root_threshold: How many root keys must sign a new root.
 
         Returns:
             The new repository.
 
         Raises:
-            TrustError: ``root_dir`` already holds a repository, or an expiry is invalid.
+            TrustError: ``root_dir`` already holds a repository, an expiry is invalid,
+                or the threshold does not fit the root keys.
             OSError: The folder cannot be written.
         """
         expiry = _check_expiry(expiry_days)
+        count = len(root_signers) if root_signers else 1
+        if not 1 <= root_threshold <= count:
+            raise TrustError(f"a root threshold of {root_threshold} needs 1..{count} root keys")
         Path(root_dir).mkdir(parents=True, exist_ok=True)
         repo = cls(root_dir, expiry)
         with exclusive_lock(repo._dir / ".lock"):
@@ -105,9 +126,10 @@ class TrustRepository:
                 raise TrustError(f"{repo._meta} already has a root; refusing to re-initialise")
             repo._meta.mkdir(exist_ok=True)
             (repo._dir / "targets").mkdir(exist_ok=True)
-            signers = repo._create_keys()
+            roles = ONLINE_ROLES if root_signers else ("root", *ONLINE_ROLES)
+            signers = repo._create_keys(roles)
             atomic_write(repo._dir / "expiry.json", json.dumps(expiry).encode())
-            repo._write_initial_metadata(signers)
+            repo._write_initial_metadata(signers, root_signers or [signers["root"]], root_threshold)
         return repo
 
     @classmethod
@@ -271,6 +293,46 @@ class TrustRepository:
             for name, tf in sorted(listed.items())
         ]
 
+    # --- for the key ceremony (skills.trust.ceremony) ---------------------------------
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """The repository's writer lock, held across processes."""
+        return exclusive_lock(self._dir / ".lock")
+
+    def metadata(self, role: str) -> Metadata[Any]:
+        """The current metadata of ``role``, as published.
+
+        Raises:
+            TrustError: It is missing, too large or invalid.
+        """
+        return self._load(role)
+
+    def expires(self, role: str) -> datetime:
+        """When metadata of ``role`` signed now would expire."""
+        return self._expires(role)
+
+    def republish(self, role: str) -> None:
+        """Sign ``role`` again with its current key, and the chain above it (lock held).
+
+        Raises:
+            TrustError: The keys or metadata are unusable.
+            OSError: The repository cannot be written.
+        """
+        if role == "targets":
+            self._publish(self._load("targets"), bump_snapshot=True)
+        else:
+            self._publish(None, bump_snapshot=role == "snapshot")
+
+    def online_root_signer(self) -> CryptoSigner | None:
+        """The root key kept in the repository, when the root is not offline.
+
+        Raises:
+            TrustError: The key file exists but is unusable or not trusted by the root.
+        """
+        if not (self._keys / "root.pem").exists():
+            return None
+        return self._signer("root")
+
     # --- writing -------------------------------------------------------------------
 
     def _repair(self) -> list[str]:
@@ -343,20 +405,53 @@ class TrustRepository:
         self.on_step(f"{role}.json")
         return data
 
-    def _create_keys(self) -> dict[str, CryptoSigner]:
+    def _create_keys(self, roles: tuple[str, ...]) -> dict[str, CryptoSigner]:
         self._keys.mkdir(mode=0o700, exist_ok=True)
         self._keys.chmod(0o700)
         signers = {}
-        for role in _ROLES:
+        for role in roles:
             signer = CryptoSigner.generate_ed25519()
-            atomic_write(self._keys / f"{role}.pem", signer.private_bytes, mode=0o600)
+            self.write_key(role, signer)
             signers[role] = signer
         return signers
 
-    def _write_initial_metadata(self, signers: dict[str, CryptoSigner]) -> None:
+    def write_key(self, role: str, signer: CryptoSigner) -> None:
+        """Keep ``signer`` as the online key of ``role`` (``keys/<role>.pem``, mode 0600).
+
+        Raises:
+            OSError: The key folder cannot be written.
+        """
+        atomic_write(self._keys / f"{role}.pem", signer.private_bytes, mode=0o600)
+
+    def drop_key(self, role: str) -> None:
+        """Delete the online key file of ``role`` (after it was retired from the root).
+
+        Raises:
+            OSError: The key folder cannot be written.
+        """
+        (self._keys / f"{role}.pem").unlink(missing_ok=True)
+
+    def write_root(self, root: Metadata[Root]) -> None:
+        """Publish signed root metadata as ``<version>.root.json`` and ``root.json``.
+
+        The caller checked the signatures (see :mod:`skills.trust.ceremony`).
+
+        Raises:
+            OSError: The metadata folder cannot be written.
+        """
+        data = root.to_bytes()
+        atomic_write(self._meta / f"{root.signed.version}.root.json", data)
+        atomic_write(self._meta / "root.json", data)
+
+    def _write_initial_metadata(
+        self, signers: dict[str, CryptoSigner], root_signers: list[CryptoSigner], threshold: int
+    ) -> None:
         root = Root(expires=self._expires("root"), consistent_snapshot=True)
-        for role, signer in signers.items():
-            root.add_key(signer.public_key, role)
+        for role in ONLINE_ROLES:
+            root.add_key(signers[role].public_key, role)
+        for signer in root_signers:
+            root.add_key(signer.public_key, "root")
+        root.roles["root"].threshold = threshold
         targets = self._sign_and_write(
             Metadata(Targets(expires=self._expires("targets"))), signers["targets"]
         )
@@ -379,7 +474,10 @@ class TrustRepository:
             signers["timestamp"],
         )
         # root.json last: its presence is what marks the repository as complete.
-        self._sign_and_write(Metadata(root), signers["root"])
+        root_md = Metadata(root)
+        for signer in root_signers:
+            root_md.sign(signer, append=True)
+        self.write_root(root_md)
 
     # --- reading -------------------------------------------------------------------
 
