@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt | sha256sum | cut -c1-16)
 
-.PHONY: setup demo test lint bench services proto clean
+.PHONY: setup demo test lint bench fuzz services proto clean
 
 $(STAMP): pyproject.toml requirements-tflite.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,14 @@ test: setup services lint
 
 bench: setup services
 	for b in tests/bench/bench_*.py; do $(PY) $$b || exit 1; done
+
+# Coverage-guided fuzzing of the hostile-input parsers (tests/fuzz/); FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q 'atheris==3.0.0'
+	for f in tests/fuzz/fuzz_*.py; do \
+		echo "== $$f"; $(PY) $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 || exit 1; \
+	done
 
 proto: setup
 	$(PY) -m protos.generate
