@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner
@@ -32,7 +30,8 @@ from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Tar
 
 from skills.errors import TrustError
 from skills.trust._files import atomic_write, clean_leftovers, exclusive_lock, stage_copy
-from skills.trust._names import check_target_name, is_safe_relpath, served_path
+from skills.trust._names import check_target_name, served_path
+from skills.trust._served import ServedFiles
 
 __all__ = [
     "DEFAULT_EXPIRY_DAYS",
@@ -47,7 +46,6 @@ DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 7, "timestamp": 1
 MAX_TARGET_BYTES = 512 * 1024 * 1024
 _MAX_EXPIRY_DAYS = 3650
 _MAX_METADATA_BYTES = 16 * 1024 * 1024
-_MAX_SERVED_PATH = 400
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class TargetRef:
     path: str
 
 
-class TrustRepository:
+class TrustRepository(ServedFiles):
     """A TUF repository in one folder, safe to share between hub processes.
 
     Create one with :meth:`init` or :meth:`open`; every method re-reads the
@@ -234,52 +232,6 @@ class TrustRepository:
             return self.read("metadata/root.json", _MAX_METADATA_BYTES)
         except FileNotFoundError as exc:
             raise TrustError(f"no root metadata in {self._meta}") from exc
-
-    def open_file(self, path: str) -> tuple[int, BinaryIO]:
-        """Open a served file: ``metadata/<file>`` or ``targets/<...>``.
-
-        Args:
-            path: The path relative to the repository, as a client asks for it.
-
-        Returns:
-            The file's size and the file opened for binary reading (caller closes it).
-
-        Raises:
-            TrustError: The path is malformed or points outside the served folders.
-            FileNotFoundError: There is no such file.
-        """
-        full = self._served(path)
-        try:
-            handle = full.open("rb")
-        except IsADirectoryError as exc:
-            raise FileNotFoundError(path) from exc
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            handle.close()
-            raise FileNotFoundError(path)
-        return info.st_size, handle
-
-    def read(self, path: str, max_bytes: int) -> bytes:
-        """Read a served file whole.
-
-        Args:
-            path: As for :meth:`open_file`.
-            max_bytes: The most the caller accepts.
-
-        Returns:
-            The file's content.
-
-        Raises:
-            TrustError: Bad path, or the file is larger than ``max_bytes``.
-            FileNotFoundError: There is no such file.
-        """
-        size, handle = self.open_file(path)
-        with handle:
-            # Checked before and after reading: the file may grow in between.
-            data = handle.read(max_bytes + 1) if size <= max_bytes else b""
-        if size > max_bytes or len(data) > max_bytes:
-            raise TrustError(f"{path} is larger than the cap of {max_bytes} bytes")
-        return data
 
     def targets(self) -> list[TargetRef]:
         """List the signed targets, sorted by name.
@@ -514,19 +466,6 @@ class TrustRepository:
         if signer.public_key.keyid not in root.roles[role].keyids:
             raise TrustError(f"{path} is not a {role} key the root trusts")
         return signer
-
-    def _served(self, path: str) -> Path:
-        top, _, rest = path.partition("/") if isinstance(path, str) else ("", "", "")
-        ok = top in {"metadata", "targets"} and is_safe_relpath(rest, _MAX_SERVED_PATH)
-        if ok and top == "metadata":
-            ok = "/" not in rest and rest.endswith(".json")
-        if not ok:
-            raise TrustError(f"bad repository path {path!r}")
-        base = (self._dir / top).resolve()
-        full = (base / rest).resolve()
-        if not full.is_relative_to(base):
-            raise TrustError(f"repository path {path!r} leaves {top}/")
-        return full
 
     def _expires(self, role: str) -> datetime:
         return datetime.now(UTC) + timedelta(days=self._expiry[role])
