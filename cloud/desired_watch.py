@@ -1,42 +1,60 @@
-"""One store poll per interval tells every connected device's stream that its desired state changed.
+"""The hub process's one desired-state change notifier, shared by both transport servers.
 
+One poll of ``desired_generations`` per interval covers the whole fleet.
 Polling the store, rather than passing events inside one process, keeps hub
 processes stateless: a deployment made through any hub process or the CLI
-reaches every stream, whichever process holds it.
+reaches every device, whichever process holds its connection.
+
+Two kinds of listener share each poll: a per-device event (a gRPC stream
+waits for its device) and fleet snapshots (the MQTT server publishes every
+changed device's retained desired state). :meth:`DesiredNotifier.run` is the
+loop; the hub's control-loop host runs it, or :func:`cloud.hubcore.running`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from cloud.errors import StoreError
-from cloud.store import Store
+
+__all__ = ["DesiredNotifier"]
 
 log = logging.getLogger(__name__)
 
+Poll = Callable[[], Mapping[str, int]]
 
-class DesiredWatch:
-    """Wakes a per-device event when that device's desired generation changes."""
 
-    def __init__(self, store: Store, interval_s: float = 0.5) -> None:
-        self.store = store
+class DesiredNotifier:
+    """Wakes listeners when desired generations change.
+
+    Args:
+        poll: returns every registered device's desired generation (one store
+            query; called in a worker thread).
+        interval_s: time between polls.
+    """
+
+    def __init__(self, poll: Poll, interval_s: float = 0.5) -> None:
+        self._poll = poll
         self.interval_s = interval_s
         self._events: dict[str, set[asyncio.Event]] = {}
         self._seen: dict[str, int] = {}
         # Subscribed since the last poll: woken once after it, so that a change between
         # a device's register and that poll is not missed.
         self._fresh: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._snapshot_events: set[asyncio.Event] = set()
+        #: The generations of the latest successful poll.
+        self.latest: dict[str, int] = {}
+        #: Successful polls so far; failed polls are counted in ``failures``.
+        self.polls = 0
+        self.failures = 0
 
     def subscribe(self, device_id: str) -> asyncio.Event:
-        """An event set whenever ``device_id``'s desired generation changes."""
+        """An event set after the next poll, and whenever ``device_id``'s generation changes."""
         event = asyncio.Event()
         self._events.setdefault(device_id, set()).add(event)
         self._fresh.add(device_id)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="desired-watch")
         return event
 
     def unsubscribe(self, device_id: str, event: asyncio.Event) -> None:
@@ -47,24 +65,46 @@ class DesiredWatch:
             if not events:
                 del self._events[device_id]
 
-    async def close(self) -> None:
-        """Stop polling."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def snapshots(self) -> AsyncGenerator[dict[str, int], None]:
+        """Yield the fleet's generations after each poll (a slow reader skips to the latest)."""
+        ready = asyncio.Event()
+        self._snapshot_events.add(ready)
+        try:
+            while True:
+                await ready.wait()
+                ready.clear()
+                yield dict(self.latest)
+        finally:
+            self._snapshot_events.discard(ready)
 
-    async def _run(self) -> None:
-        while self._events:
-            fresh, self._fresh = self._fresh, set()
-            try:
-                generations = await asyncio.to_thread(self.store.desired_generations)
-            except StoreError as exc:
-                log.warning("polling desired state failed: %s", exc)
-                generations = {}
-            for device_id, gen in generations.items():
-                if self._seen.get(device_id, gen) != gen or device_id in fresh:
-                    for event in self._events.get(device_id, ()):
-                        event.set()
-                self._seen[device_id] = gen
+    async def run(self) -> None:
+        """Poll forever, ``interval_s`` apart; a failed poll is logged and retried."""
+        while True:
+            await self.poll_once()
             await asyncio.sleep(self.interval_s)
+
+    async def poll_once(self) -> bool:
+        """Poll the store once and wake whoever it concerns.
+
+        Returns:
+            False when the store failed (logged, and counted in ``failures``).
+        """
+        fresh, self._fresh = self._fresh, set()
+        try:
+            generations = dict(await asyncio.to_thread(self._poll))
+        except StoreError as exc:
+            self.failures += 1
+            self._fresh |= fresh  # not woken yet: wake them after a poll that works
+            if self.failures == 1 or self.failures % 100 == 0:
+                log.warning("polling desired state failed (%d so far): %s", self.failures, exc)
+            return False
+        for device_id, gen in generations.items():
+            if self._seen.get(device_id, gen) != gen or device_id in fresh:
+                for event in self._events.get(device_id, ()):
+                    event.set()
+        self._seen = generations
+        self.latest = generations
+        self.polls += 1
+        for ready in self._snapshot_events:
+            ready.set()
+        return True

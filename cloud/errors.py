@@ -1,4 +1,26 @@
-"""Exception roots of the hub."""
+"""Exception roots of the hub.
+
+:class:`TransportError` is the wire layer's (:mod:`protos.errors`), re-exported
+here: it is not a :class:`HubError`, so code that reports hub failures catches
+``(HubError, TransportError)``.
+"""
+
+from protos.errors import TransportError
+from protos.fetch import FetchErrorCode
+
+__all__ = [
+    "ConflictError",
+    "FetchRefusedError",
+    "FetchTooLargeError",
+    "FetchUnknownDeviceError",
+    "HubError",
+    "IdentityMismatchError",
+    "NotFoundError",
+    "SessionRefusedError",
+    "StoreError",
+    "TransportError",
+    "ValidationError",
+]
 
 
 class HubError(Exception):
@@ -21,5 +43,31 @@ class ValidationError(HubError):
     """Input from a user or a device is malformed (selector, label, version)."""
 
 
-class TransportError(HubError):
-    """The hub's side of a transport failed."""
+class IdentityMismatchError(HubError):
+    """A connection whose client certificate names one device tried to act as another."""
+
+
+class SessionRefusedError(HubError):
+    """A connection must end: its first message was not a valid register."""
+
+
+class FetchRefusedError(HubError):
+    """The hub will not serve a fetch: a bad path, offset or request (the device's fault).
+
+    Attributes:
+        code: the wire code the refusal is sent with.
+    """
+
+    code = FetchErrorCode.REFUSED
+
+
+class FetchTooLargeError(FetchRefusedError):
+    """The file asked for is over the device's or the hub's cap."""
+
+    code = FetchErrorCode.TOO_LARGE
+
+
+class FetchUnknownDeviceError(FetchRefusedError):
+    """A device that never registered asked for a file."""
+
+    code = FetchErrorCode.UNKNOWN_DEVICE

@@ -1,4 +1,11 @@
-"""The hub's gRPC server: an adapter from the ``Hub`` service to :class:`HubCore`."""
+"""The hub's gRPC server: bytes in, envelopes out, everything else in the device session.
+
+Requests reach the servicer undecoded, so the session decodes them with the
+same checks and drop reasons as the MQTT server; replies are encoded here. A
+``Connect`` stream is one :class:`~cloud.session.DeviceSession`: register
+first, then any message, with desired-state changes pushed from the core's
+shared notifier.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +19,28 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from cloud.desired_watch import DesiredWatch
-from cloud.errors import TransportError
-from cloud.hubcore import HubCore
-from protos import MAX_ENVELOPE_BYTES, pb
-from protos import edgeskill_pb2_grpc as pb_grpc
-from protos.envelope import validate_envelope
-from protos.errors import ProtocolError
+from cloud.errors import (
+    FetchRefusedError,
+    IdentityMismatchError,
+    SessionRefusedError,
+    StoreError,
+)
+from cloud.hubcore import HubCore, fetch_error_code
+from cloud.session import DeviceSession, DropReason
+from protos import pb
+from protos.fetch import GRPC_STATUS_NAMES
+from protos.limits import MAX_ENVELOPE_BYTES
+from protos.pem import read_pem
+
+__all__ = ["HubServicer", "ServerTls", "server_options", "start_grpc_server"]
 
 log = logging.getLogger(__name__)
 
 _REGISTER_TIMEOUT_S = 10.0
-_MAX_PEM_BYTES = 1024 * 1024
+#: Bigger messages end the stream inside gRPC; smaller ones over the envelope cap
+#: are dropped and counted by the session, and the stream goes on.
+_MAX_RECEIVE_BYTES = 1024 * 1024
+_SERVICE = pb.DESCRIPTOR.services_by_name["Hub"].full_name
 _DONE = object()
 
 
@@ -42,18 +59,7 @@ class ServerTls:
         Raises:
             TransportError: a file is missing, unreadable, empty or too large.
         """
-        return cls(_read_pem(cert), _read_pem(key), _read_pem(client_ca))
-
-
-def _read_pem(path: Path) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(_MAX_PEM_BYTES + 1)
-    except OSError as exc:
-        raise TransportError(f"cannot read TLS file {path}: {exc}") from exc
-    if not data.strip() or len(data) > _MAX_PEM_BYTES:
-        raise TransportError(f"TLS file {path} is empty or larger than {_MAX_PEM_BYTES} bytes")
-    return data
+        return cls(read_pem(cert), read_pem(key), read_pem(client_ca))
 
 
 def peer_common_name(context: grpc.aio.ServicerContext) -> str | None:
@@ -62,60 +68,49 @@ def peer_common_name(context: grpc.aio.ServicerContext) -> str | None:
     return names[0].decode("utf-8", "replace") if names else None
 
 
-class HubServicer(pb_grpc.HubServicer):
+class HubServicer:
     """Serves device control streams and fetches.
 
     With ``bind_identity`` (set when serving mTLS), a connection may speak only
     for the device named in its client certificate.
     """
 
-    def __init__(
-        self, core: HubCore, push_interval_s: float = 0.5, *, bind_identity: bool = False
-    ) -> None:
+    def __init__(self, core: HubCore, *, bind_identity: bool = False) -> None:
         self.core = core
-        self.watch = DesiredWatch(core.store, push_interval_s)
         self.bind_identity = bind_identity
 
-    async def _refuse_impostor(self, device_id: str, context: grpc.aio.ServicerContext) -> bool:
-        """Abort the call when mTLS binds the peer to another device; True when aborted."""
+    def _session(self, context: grpc.aio.ServicerContext) -> DeviceSession:
         if not self.bind_identity:
-            return False
-        cn = peer_common_name(context)
-        if cn == device_id:
-            return False
-        self.core.drop("identity-mismatch")
-        log.warning("refused device id %r from a peer whose certificate names %r", device_id, cn)
-        await context.abort(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"this client certificate may not act as device {device_id!r}",
-        )
-        return True
+            return self.core.session()
+        return self.core.session(peer_common_name(context) or "", bound=True)
 
     async def Connect(
-        self, request_iterator: AsyncIterator[pb.Envelope], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Envelope]:
         """One device's control stream: register first, then anything."""
+        session = self._session(context)
         try:
             first = await asyncio.wait_for(anext(request_iterator), _REGISTER_TIMEOUT_S)
-            validate_envelope(first)
-            if await self._refuse_impostor(first.device_id, context):
-                return
-            replies = await self.core.register(first)
-        except (TimeoutError, StopAsyncIteration):
-            self.core.drop("no-register")
+        except (TimeoutError, StopAsyncIteration, grpc.aio.AioRpcError):
+            self.core.drop(DropReason.NO_REGISTER)
             return
-        except ProtocolError as exc:
-            self.core.drop("bad-register")
+        try:
+            replies = await session.open(first)
+        except IdentityMismatchError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            return
+        except SessionRefusedError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
-        device_id = first.device_id
+        except StoreError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot serve you now")
+            return
         outbox: asyncio.Queue[object] = asyncio.Queue()
         for env in replies:
             outbox.put_nowait(env)
-        last_gen = replies[-1].desired.generation
         tasks = [
-            asyncio.create_task(self._read(device_id, request_iterator, outbox)),
-            asyncio.create_task(self._push_desired(device_id, last_gen, outbox)),
+            asyncio.create_task(self._read(session, request_iterator, outbox)),
+            asyncio.create_task(self._push_desired(session, outbox)),
         ]
         try:
             while (item := await outbox.get()) is not _DONE:
@@ -125,59 +120,48 @@ class HubServicer(pb_grpc.HubServicer):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.core.disconnected(device_id)
+            await session.close()
 
     async def _read(
-        self, device_id: str, requests: AsyncIterator[pb.Envelope], outbox: asyncio.Queue[object]
+        self, session: DeviceSession, requests: AsyncIterator[bytes], outbox: asyncio.Queue[object]
     ) -> None:
         try:
-            async for env in requests:
+            async for payload in requests:
                 try:
-                    validate_envelope(env)
-                    for reply in await self.core.handle(device_id, env):
-                        outbox.put_nowait(reply)
-                except ProtocolError as exc:
-                    self.core.drop("bad-message")
-                    log.warning("dropped a message from %s: %s", device_id, exc)
+                    replies = await session.receive(payload)
+                except Exception:  # one bad message must not end the device's stream
+                    session.drop(DropReason.INTERNAL_ERROR)
+                    log.exception("message from %s not handled", session.device_id)
+                    continue
+                for reply in replies:
+                    outbox.put_nowait(reply)
         except grpc.aio.AioRpcError:
             pass  # the device went away; the finally below ends the stream
         finally:
             outbox.put_nowait(_DONE)
 
-    async def _push_desired(
-        self, device_id: str, last_gen: int, outbox: asyncio.Queue[object]
-    ) -> None:
-        changed = self.watch.subscribe(device_id)
-        try:
-            while True:
-                # The timeout is a safety net: a change is normally seen through the watch.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), 30.0)
-                changed.clear()
-                env = await self.core.desired(device_id)
-                if env.desired.generation != last_gen:
-                    outbox.put_nowait(env)
-                    last_gen = env.desired.generation
-        finally:
-            self.watch.unsubscribe(device_id, changed)
+    @staticmethod
+    async def _push_desired(session: DeviceSession, outbox: asyncio.Queue[object]) -> None:
+        async for env in session.desired_updates():
+            outbox.put_nowait(env)
 
     async def Fetch(
-        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+        self, request: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.FetchChunk]:
         """Stream one repository file in chunks."""
-        if await self._refuse_impostor(request.device_id, context):
-            return
         try:
-            size, chunks = await asyncio.to_thread(
-                self.core.open_fetch, request.path, request.offset, request.max_bytes
-            )
-        except FileNotFoundError:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no such file: {request.path}")
+            req, size, chunks = await self._session(context).fetch(request)
+        except IdentityMismatchError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             return
-        except ProtocolError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (FileNotFoundError, FetchRefusedError) as exc:
+            status = getattr(grpc.StatusCode, GRPC_STATUS_NAMES[fetch_error_code(exc)])
+            await context.abort(status, str(exc))
             return
-        offset = request.offset
+        except StoreError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot serve you now")
+            return
+        offset = req.offset
         with contextlib.closing(chunks):
             while (data := await asyncio.to_thread(next, chunks, None)) is not None:
                 offset += len(data)
@@ -195,10 +179,30 @@ class HubServicer(pb_grpc.HubServicer):
         raise AssertionError("unreachable")
 
 
+def _handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
+    """The ``Hub`` service with undecoded requests for ``Connect`` and ``Fetch``."""
+    return grpc.method_handlers_generic_handler(
+        _SERVICE,
+        {
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                servicer.Connect, response_serializer=pb.Envelope.SerializeToString
+            ),
+            "Fetch": grpc.unary_stream_rpc_method_handler(
+                servicer.Fetch, response_serializer=pb.FetchChunk.SerializeToString
+            ),
+            "InferTail": grpc.unary_unary_rpc_method_handler(
+                servicer.InferTail,
+                request_deserializer=pb.InferRequest.FromString,
+                response_serializer=pb.InferResponse.SerializeToString,
+            ),
+        },
+    )
+
+
 def server_options() -> list[tuple[str, int]]:
     """Message caps and keepalive policy for the hub's server."""
     return [
-        ("grpc.max_receive_message_length", MAX_ENVELOPE_BYTES + 1024),
+        ("grpc.max_receive_message_length", max(_MAX_RECEIVE_BYTES, MAX_ENVELOPE_BYTES + 1024)),
         ("grpc.max_send_message_length", 8 * 1024 * 1024),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -213,7 +217,8 @@ async def start_grpc_server(
 
     With ``tls`` the server speaks mutual TLS only: a client must present a
     certificate signed by ``tls.client_ca``, and may act only as the device
-    its certificate names.
+    its certificate names. Desired-state changes reach streams only while the
+    core's loops run (the hub's control-loop host, or :func:`cloud.hubcore.running`).
 
     Returns:
         The running server and the port it listens on.
@@ -222,7 +227,7 @@ async def start_grpc_server(
         RuntimeError: the address could not be bound.
     """
     server = grpc.aio.server(options=server_options())
-    pb_grpc.add_HubServicer_to_server(HubServicer(core, bind_identity=tls is not None), server)
+    server.add_generic_rpc_handlers((_handler(HubServicer(core, bind_identity=tls is not None)),))
     if tls is None:
         port = server.add_insecure_port(bind)
     else:

@@ -8,6 +8,7 @@ opens the same home, so several can run side by side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tomllib
 from dataclasses import dataclass
@@ -15,18 +16,20 @@ from pathlib import Path
 
 import tomli_w
 
-from cloud.errors import ConflictError, HubError, ValidationError
+from cloud.errors import HubError, ValidationError
 from cloud.grpc_server import ServerTls, start_grpc_server
 from cloud.hubcore import HubCore
+from cloud.leader import Election, open_election
+from cloud.loops import LoopHost, periodic
 from cloud.metrics import start_hub_metrics
-from cloud.store import SkillVersionRecord, Store, open_store
-from protos.envelope import now_ms
-from skills.bundle import read_manifest
+from cloud.store import Store, open_store
 from skills.trust import TrustRepository
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "hub.toml"
+#: How often the leader re-signs the TUF timestamp, which expires within a day.
+TIMESTAMP_REFRESH_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -161,36 +164,6 @@ class Hub:
         """Release the store."""
         self.store.close()
 
-    def push(self, bundle: Path) -> SkillVersionRecord:
-        """Publish a built bundle: sign it into the TUF repository and record the version.
-
-        Raises:
-            ConflictError: this name and version exist with other content.
-            SkillError: the bundle is malformed (from the skills package).
-        """
-        manifest = read_manifest(bundle)
-        target_name = f"{manifest.name}/{manifest.name}-{manifest.version}.skill"
-        try:
-            existing = self.store.get_skill_version(manifest.name, manifest.version)
-        except HubError:
-            existing = None
-        ref_sha = _sha256(bundle)
-        if existing is not None and existing.sha256 != ref_sha:
-            raise ConflictError(
-                f"{manifest.name} {manifest.version} exists with other content; "
-                "versions are immutable"
-            )
-        ref = self.trust.add_target(target_name, bundle)
-        return self.store.add_skill_version(
-            manifest.name,
-            manifest.version,
-            target_name=target_name,
-            sha256=ref.sha256,
-            size=ref.length,
-            manifest=manifest.to_toml(),
-            now_ms=now_ms(),
-        )
-
     def core(self) -> HubCore:
         """The transport-independent message handler over this hub's state."""
         return HubCore(self.store, self.trust)
@@ -209,74 +182,64 @@ class Hub:
         gRPC port answers the hub is subscribed on the broker too. gRPC speaks
         mTLS when ``tls`` (or the configured TLS files) is given. With
         ``metrics_bind`` (``HOST:PORT``) a Prometheus endpoint serves the
-        core's counters; it starts before the transports and stops after them.
+        core's counters, the leader state and the control loops; it starts
+        before the transports and stops after them.
+
+        The core's loops run in every process; the leader-only loops run while
+        this process leads (see :mod:`cloud.leader`). With a SQLite store only
+        one process may serve a home.
 
         Raises:
+            AlreadyServingError: SQLite, and another process serves this home.
+            HubError: the serve lock or the leader election cannot be set up.
             TransportError: the broker could not be reached at start, a TLS
                 file cannot be read, or the metrics address cannot be bound.
             ValidationError: a malformed ``metrics_bind``.
         """
         tls = tls or self.config.tls
         server_tls = tls.resolve(self.home).load() if tls is not None else None
-        core = self.core()
-        metrics = start_hub_metrics(core, self.store, metrics_bind) if metrics_bind else None
-        if metrics is not None:
-            log.info("hub serving Prometheus metrics on port %d", metrics.port)
-        try:
-            await self._serve_transports(core, stop, grpc_bind, mqtt_url, server_tls)
-        finally:
-            if metrics is not None:
-                await asyncio.to_thread(metrics.stop)
-
-    async def _serve_transports(
-        self,
-        core: HubCore,
-        stop: asyncio.Event,
-        grpc_bind: str | None,
-        mqtt_url: str | None,
-        server_tls: ServerTls | None,
-    ) -> None:
         url = self.config.mqtt_url if mqtt_url is None else mqtt_url
-        mqtt = None
-        if url:
-            from cloud.mqtt_server import start_mqtt_server  # noqa: PLC0415 - paho only when used
+        async with contextlib.AsyncExitStack() as stack:
+            # Unwinds in reverse: transports, loops, telemetry flush, metrics, election.
+            election = open_election(self.home, self.config.store_url)
+            stack.push_async_callback(asyncio.to_thread, election.close)
+            core = self.core()
+            host = self._loop_host(core, election)
+            if metrics_bind:
+                metrics = start_hub_metrics(core, self.store, metrics_bind, host)
+                stack.push_async_callback(asyncio.to_thread, metrics.stop)
+                log.info("hub serving Prometheus metrics on port %d", metrics.port)
+            stack.push_async_callback(core.close)  # commit what the telemetry batcher holds
+            host.start()
+            stack.push_async_callback(host.stop)
+            if url:
+                from cloud.mqtt_server import start_mqtt_server  # noqa: PLC0415 - paho only when used
 
-            mqtt = await start_mqtt_server(core, url)
-        try:
-            bind = grpc_bind or self.config.grpc_bind
-            server, port = await start_grpc_server(core, bind, server_tls)
-        except BaseException:
-            if mqtt is not None:
-                await mqtt.stop()
-            raise
-        log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
-        refresher = asyncio.create_task(self._refresh_timestamp())
-        try:
+                stack.push_async_callback((await start_mqtt_server(core, url)).stop)
+            server, port = await start_grpc_server(
+                core, grpc_bind or self.config.grpc_bind, server_tls
+            )
+            stack.push_async_callback(server.stop, 1.0)
+            log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
             await stop.wait()
-        finally:
-            refresher.cancel()
-            await server.stop(grace=1.0)
-            if mqtt is not None:
-                await mqtt.stop()
-            await core.close()  # commit what the telemetry batcher still holds
+
+    def _loop_host(self, core: HubCore, election: Election) -> LoopHost:
+        host = LoopHost()
+        for name, factory in core.loops():
+            host.add(name, factory)
+        host.add("leader-election", lambda: election.campaign(host.set_leader))
+        host.add(
+            "timestamp-refresh",
+            periodic(self._refresh_timestamp, TIMESTAMP_REFRESH_S),
+            leader_only=True,
+        )
+        return host
 
     async def _refresh_timestamp(self) -> None:
         # The timestamp role expires within a day; re-sign it well before.
-        while True:
-            await asyncio.sleep(3600)
-            await asyncio.to_thread(self.trust.refresh_timestamp)
+        await asyncio.to_thread(self.trust.refresh_timestamp)
 
 
 def _opt_path(data: dict[str, object], key: str) -> Path | None:
     value = data.get(key)
     return Path(str(value)) if value else None
-
-
-def _sha256(path: Path) -> str:
-    import hashlib  # noqa: PLC0415
-
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -1,47 +1,86 @@
 """What the hub does with device messages, whichever transport carried them.
 
-The gRPC and MQTT servers are thin adapters over :class:`HubCore`: they turn
-bytes into envelopes, bind a connection to one device id, and send back what
-the core returns. All device state lives in the store, so any number of hub
-processes can serve the same fleet.
+The gRPC and MQTT servers are thin adapters: they turn bytes into envelopes
+and back, and hand each device's traffic to a :class:`~cloud.session.DeviceSession`
+made by :meth:`HubCore.session`. The session checks, deduplicates, counts
+drops and acknowledges; :class:`HubCore` holds what sessions share (the store,
+the telemetry batcher, the desired-state notifier, the counters, the caches of
+known devices and seen message ids). All device state lives in the store, so
+any number of hub processes can serve the same fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from cloud.errors import ValidationError
+from cloud.desired_watch import DesiredNotifier
+from cloud.errors import FetchRefusedError, FetchTooLargeError, ValidationError
 from cloud.selectors import parse_labels
-from cloud.store import DesiredRecord, SkillStatusRecord, Store, TelemetryRecord
+from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
+from cloud.store import SkillStatusRecord, Store
 from cloud.telemetry_batcher import BatcherSettings, TelemetryBatcher
+from cloud.wire import desired_envelope, device_profile, telemetry_record
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
+from protos.fetch import FetchErrorCode
+from protos.limits import (
+    DEVICE_ID_PATTERN,
+    MAX_DEVICE_LABELS,
+    MAX_ERROR_CHARS,
+    MAX_NAME_CHARS,
+    MAX_REPORTED_SKILLS,
+    MAX_STATE_CHARS,
+    MAX_VARIANT_CHARS,
+    MAX_VERSION_CHARS,
+)
+from skills.errors import SkillError
 from skills.trust import TrustRepository
+
+__all__ = [
+    "HubCore",
+    "HubLimits",
+    "Loop",
+    "check_device_id",
+    "desired_envelope",
+    "fetch_error_code",
+    "running",
+    "telemetry_record",
+]
 
 log = logging.getLogger(__name__)
 
-DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEVICE_ID_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
+#: A named long-running coroutine the hub's control-loop host keeps running.
+Loop = tuple[str, Callable[[], Awaitable[None]]]
+_DESIRED_BATCH = 500
 
 
 @dataclass(frozen=True)
 class HubLimits:
-    """Caps on what devices may send and fetch."""
+    """Caps on what devices may send and fetch, and the core's tuning."""
 
     max_fetch_bytes: int = 512 * 1024 * 1024
     chunk_bytes: int = 64 * 1024
-    max_labels: int = 32
-    max_skills_reported: int = 64
+    max_labels: int = MAX_DEVICE_LABELS
+    max_skills_reported: int = MAX_REPORTED_SKILLS
     #: Telemetry group commit: windows per transaction, and the longest wait for a batch.
     telemetry_batch_items: int = 256
     telemetry_linger_s: float = 0.001
+    #: Message ids remembered for deduplication, across all devices.
+    seen_ids: int = 100_000
+    #: How long a device id the store does not know is believed unknown.
+    unknown_ttl_s: float = 5.0
+    #: How often the desired-state notifier polls the store.
+    desired_poll_s: float = 0.5
 
 
 def check_device_id(device_id: str) -> str:
@@ -55,50 +94,110 @@ def check_device_id(device_id: str) -> str:
     return device_id
 
 
-def desired_envelope(device_id: str, desired: DesiredRecord) -> pb.Envelope:
-    """The desired state of one device as an envelope."""
-    body = pb.DesiredState(generation=desired.generation)
-    for skill in desired.skills:
-        body.skills.add(
-            name=skill.name,
-            version=skill.version,
-            target_name=skill.target_name,
-            config=dict(skill.config),
-        )
-    return make_envelope(device_id, desired=body)
+def fetch_error_code(exc: Exception) -> FetchErrorCode:
+    """The wire code a fetch refusal raised by :meth:`HubCore.open_fetch` is sent with.
+
+    Raises:
+        TypeError: ``exc`` is not a fetch refusal (a bug in the caller).
+    """
+    if isinstance(exc, FileNotFoundError):
+        return FetchErrorCode.NOT_FOUND
+    if isinstance(exc, FetchRefusedError):
+        return exc.code
+    raise TypeError(f"not a fetch refusal: {type(exc).__name__}")
 
 
 class HubCore:
-    """Transport-independent handling of device traffic."""
+    """Transport-independent handling of device traffic, shared by every session."""
 
     def __init__(
         self, store: Store, trust: TrustRepository, limits: HubLimits | None = None
     ) -> None:
         self.store = store
         self.trust = trust
-        self.limits = limits or HubLimits()
+        self.limits = limits = limits or HubLimits()
         self.heartbeat_s = 5
-        #: Messages dropped, by reason; exported as metrics.
+        #: Messages dropped, by :class:`DropReason`; exported as metrics.
         self.dropped: Counter[str] = Counter()
         self.handled: Counter[str] = Counter()
         self.telemetry = TelemetryBatcher(
             store.add_telemetry_many,
             store.check_telemetry,
             BatcherSettings(
-                max_items=self.limits.telemetry_batch_items,
-                linger_s=self.limits.telemetry_linger_s,
+                max_items=limits.telemetry_batch_items, linger_s=limits.telemetry_linger_s
             ),
         )
+        self.notifier = DesiredNotifier(store.desired_generations, limits.desired_poll_s)
+        self._seen: Lru[tuple[str, str]] = Lru(limits.seen_ids)
+        self._known: set[str] = set()
+        self._unknown: Lru[str] = Lru(10_000)
+
+    def loops(self) -> list[Loop]:
+        """The coroutines every hub process must keep running while it serves devices.
+
+        Not leader-only: each process's servers wait on its own notifier.
+        """
+        return [("desired-notifier", self.notifier.run)]
 
     async def close(self) -> None:
         """Write the telemetry still waiting for its batch; later telemetry is refused."""
         await self.telemetry.close()
+
+    def session(self, claimed: str | None = None, *, bound: bool = False) -> DeviceSession:
+        """A session for one device's traffic.
+
+        Args:
+            claimed: the device the channel speaks for, when known before any message
+                (an MQTT topic's device, or an mTLS certificate's name).
+            bound: ``claimed`` comes from a client certificate, so acting as another
+                device is an identity mismatch rather than a spoofed message.
+        """
+        return DeviceSession(self, claimed, bound=bound)
+
+    # -- counters and caches ---------------------------------------------------------
+
+    def drop(self, reason: DropReason, device_id: str = "", detail: object = "") -> None:
+        """Count a message the hub refused; the first of each reason and every 1000th are logged."""
+        self.dropped[reason] += 1
+        count = self.dropped[reason]
+        if count == 1 or count % 1000 == 0:  # visible in the log, but a flood cannot flood it
+            log.warning(
+                "dropped a message from %r (%s; %d so far): %s", device_id, reason, count, detail
+            )
+
+    def seen(self, device_id: str, msg_id: str) -> bool:
+        """True when this device's message was handled before (within the last ``seen_ids``)."""
+        return (device_id, msg_id) in self._seen
+
+    def remember(self, device_id: str, msg_id: str) -> None:
+        """Record a handled message, so a redelivered copy is recognised."""
+        self._seen.add((device_id, msg_id))
+
+    async def is_known(self, device_id: str) -> bool:
+        """True when the device registered (with this or any hub process).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        if device_id in self._known:
+            return True
+        age = self._unknown.age(device_id)
+        if age is not None and age < self.limits.unknown_ttl_s:
+            return False
+        if await asyncio.to_thread(self.store.get_device, device_id) is None:
+            self._unknown.add(device_id)
+            return False
+        self._known.add(device_id)
+        return True
+
+    # -- device messages -------------------------------------------------------------
 
     async def register(self, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle a device's ``register``; return the welcome and its desired state.
 
         Raises:
             ProtocolError: not a register message, or bad device id or labels.
+            StoreError: the store failed.
         """
         if kind_of(env) != "register":
             raise ProtocolError("the first message on a connection must be register")
@@ -108,20 +207,12 @@ class HubCore:
             raise ProtocolError(f"more than {self.limits.max_labels} labels")
         try:
             labels = parse_labels(f"{k}={v}" for k, v in reg.labels.items())
+            await asyncio.to_thread(
+                self.store.register_device, device_id, labels, device_profile(reg), now_ms=now_ms()
+            )
         except ValidationError as exc:
             raise ProtocolError(str(exc)) from exc
-        profile = {
-            "arch": reg.profile.arch,
-            "accelerator": reg.profile.accelerator,
-            "board": reg.profile.board,
-            "targets": list(reg.profile.targets),
-            "cpu_count": reg.profile.cpu_count,
-            "memory_bytes": reg.profile.memory_bytes,
-            "agent_version": reg.agent_version,
-        }
-        await asyncio.to_thread(
-            self.store.register_device, device_id, labels, profile, now_ms=now_ms()
-        )
+        self._known.add(device_id)
         self.handled["register"] += 1
         welcome = make_envelope(
             device_id, correlation_id=env.id, welcome=pb.Welcome(heartbeat_s=self.heartbeat_s)
@@ -129,9 +220,32 @@ class HubCore:
         return [welcome, await self.desired(device_id)]
 
     async def desired(self, device_id: str) -> pb.Envelope:
-        """The device's current desired state as an envelope."""
+        """The device's current desired state as an envelope.
+
+        Raises:
+            StoreError: the store failed.
+        """
         record = await asyncio.to_thread(self.store.desired_for, device_id)
         return desired_envelope(device_id, record)
+
+    async def desired_changes(
+        self, published: Mapping[str, int]
+    ) -> AsyncIterator[list[pb.Envelope]]:
+        """After each notifier poll, yield the desired states that differ from ``published``.
+
+        ``published`` is read live: the caller keeps it up to date with what was
+        published (by any hub). Envelopes come in batches of up to 500 devices.
+
+        Raises:
+            StoreError: the store failed reading desired states.
+        """
+        async for generations in self.notifier.snapshots():
+            self._known.update(generations)
+            changed = [d for d, g in generations.items() if g and g != published.get(d)]
+            for start in range(0, len(changed), _DESIRED_BATCH):
+                batch = changed[start : start + _DESIRED_BATCH]
+                records = await asyncio.to_thread(self.store.desired_many, batch)
+                yield [desired_envelope(r.device_id, r) for r in records]
 
     async def handle(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle one message from a registered device; return the replies.
@@ -155,9 +269,7 @@ class HubCore:
     async def _dispatch(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         kind = kind_of(env)
         if kind == "heartbeat":
-            await asyncio.to_thread(
-                self.store.touch_device, device_id, now_ms=now_ms(), online=True
-            )
+            await self.presence(device_id, online=True)
         elif kind == "reported":
             # The device's send time orders its reports (clamped: a fast clock must not
             # freeze them); a redelivered older report then cannot hide a newer one.
@@ -170,8 +282,8 @@ class HubCore:
         elif kind != "ack":
             raise ProtocolError(f"devices may not send {kind!r}")
         self.handled[kind] += 1
-        if kind in ("reported", "telemetry"):
-            return [make_envelope(device_id, correlation_id=env.id, ack=pb.Ack(ids=[env.id]))]
+        if kind in ACKED_KINDS:
+            return [ack_envelope(device_id, env.id)]
         return []
 
     def _save_report(self, device_id: str, report: pb.ReportedState, made_ms: int) -> None:
@@ -179,25 +291,35 @@ class HubCore:
             raise ProtocolError(f"report lists more than {self.limits.max_skills_reported} skills")
         statuses = [
             SkillStatusRecord(
-                name=s.name[:64],
-                version=s.version[:64],
-                state=s.state[:32],
-                error=s.error[:2000],
-                desired_version=s.desired_version[:64],
-                previous_version=s.previous_version[:64],
-                variant=s.variant[:256],
+                name=s.name[:MAX_NAME_CHARS],
+                version=s.version[:MAX_VERSION_CHARS],
+                state=s.state[:MAX_STATE_CHARS],
+                error=s.error[:MAX_ERROR_CHARS],
+                desired_version=s.desired_version[:MAX_VERSION_CHARS],
+                previous_version=s.previous_version[:MAX_VERSION_CHARS],
+                variant=s.variant[:MAX_VARIANT_CHARS],
             )
             for s in report.skills
         ]
         self.store.save_report(device_id, report.generation, statuses, now_ms=made_ms)
 
-    async def disconnected(self, device_id: str) -> None:
-        """Mark a device offline after its connection ended."""
-        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=False)
+    async def presence(self, device_id: str, *, online: bool) -> None:
+        """Record that a device was heard from, and whether it is connected.
 
-    def drop(self, reason: str) -> None:
-        """Count a message the hub refused."""
-        self.dropped[reason] += 1
+        Raises:
+            StoreError: the store failed.
+        """
+        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=online)
+
+    async def disconnected(self, device_id: str) -> None:
+        """Mark a device offline after its connection ended.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        await self.presence(device_id, online=False)
+
+    # -- fetch -----------------------------------------------------------------------
 
     def open_fetch(
         self, path: str, offset: int, max_bytes: int
@@ -209,7 +331,8 @@ class HubCore:
 
         Raises:
             FileNotFoundError: no such file.
-            ProtocolError: a bad path, a negative offset, or a file over the cap.
+            FetchTooLargeError: the file is over the caller's or the hub's cap.
+            FetchRefusedError: a bad path or an offset outside the file.
         """
         parts = PurePosixPath(path).parts
         if (
@@ -218,15 +341,18 @@ class HubCore:
             or ".." in parts
             or path.startswith("/")
         ):
-            raise ProtocolError(f"bad fetch path {path!r}")
+            raise FetchRefusedError(f"bad fetch path {path!r}")
         cap = min(max_bytes or self.limits.max_fetch_bytes, self.limits.max_fetch_bytes)
-        size, fh = self.trust.open_file(path)
+        try:
+            size, fh = self.trust.open_file(path)
+        except SkillError as exc:  # the trust repository refused the path
+            raise FetchRefusedError(str(exc)) from exc
         if size > cap:
             fh.close()
-            raise ProtocolError(f"{path} has {size} bytes, over the {cap} byte cap")
+            raise FetchTooLargeError(f"{path} has {size} bytes, over the {cap} byte cap")
         if offset < 0 or offset > size:
             fh.close()
-            raise ProtocolError(f"offset {offset} outside {path}")
+            raise FetchRefusedError(f"offset {offset} outside {path}")
         fh.seek(offset)
         return size, _chunks(fh, self.limits.chunk_bytes)
 
@@ -237,23 +363,25 @@ def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:
             yield chunk
 
 
-def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
-    """Convert a wire telemetry message to a store record.
+@contextlib.asynccontextmanager
+async def running(core: HubCore) -> AsyncIterator[HubCore]:
+    """Run the core's loops for the duration of the block (servers started without the host).
 
-    The store validates it (names, counters, ``correct <= labelled <= inferences``,
-    metric caps); :meth:`HubCore.handle` turns its refusal into a ProtocolError.
+    A loop that fails is logged and started again after a second.
     """
-    return TelemetryRecord(
-        skill=msg.skill,
-        version=msg.version,
-        inferences=msg.inferences,
-        labelled=msg.labelled,
-        correct=msg.correct,
-        latency_p50_ms=msg.latency_p50_ms,
-        latency_p99_ms=msg.latency_p99_ms,
-        window_start_ms=msg.window_start_ms,
-        window_end_ms=msg.window_end_ms,
-        dropped_messages=msg.dropped_messages,
-        metrics=dict(msg.metrics),
-        received_ms=now_ms(),
-    )
+    tasks = [asyncio.create_task(_keep_running(name, fn), name=name) for name, fn in core.loops()]
+    try:
+        yield core
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _keep_running(name: str, fn: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        try:
+            await fn()
+        except Exception:  # restarted below; the host does the same with backoff
+            log.exception("hub loop %s failed; restarting", name)
+        await asyncio.sleep(1.0)

@@ -8,10 +8,9 @@ own registry: several hubs in one process (as in tests) never share series.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
@@ -19,10 +18,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cloud.errors import TransportError, ValidationError
 from cloud.hubcore import HubCore
+from cloud.loops import LoopHost
 from cloud.store import Store
 from cloud.store.schema import devices
+from protos.metrics_server import MetricsBindError, MetricsServer, start_metrics_server
 
-__all__ = ["HubCollector", "MetricsServer", "parse_bind", "start_hub_metrics"]
+__all__ = ["HubCollector", "MetricsServer", "start_hub_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -31,25 +32,13 @@ log = logging.getLogger(__name__)
 MAX_SERIES = 64
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into its parts; port 0 picks a free one.
-
-    Raises:
-        ValidationError: no port, a port outside 0..65535, or no host.
-    """
-    host, sep, port_text = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ValidationError(f"bad metrics address {bind!r}; expected HOST:PORT")
-    return host, int(port_text)
-
-
 class HubCollector:
-    """Reads a :class:`HubCore`'s counters and the store's fleet size at each scrape."""
+    """Reads a :class:`HubCore`'s counters, the store's fleet size and the loops at each scrape."""
 
-    def __init__(self, core: HubCore, store: Store) -> None:
+    def __init__(self, core: HubCore, store: Store, loops: LoopHost | None = None) -> None:
         self.core = core
         self.store = store
+        self.loops = loops
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Yield the hub's metric families (called by the registry on each scrape)."""
@@ -73,6 +62,8 @@ class HubCollector:
             "Telemetry windows committed.",
             value=batcher.items,
         )
+        if self.loops is not None:
+            yield from _loop_families(self.loops)
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[GaugeMetricFamily]:
@@ -92,6 +83,28 @@ class HubCollector:
         )
 
 
+def _loop_families(host: LoopHost) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    yield GaugeMetricFamily(
+        "edgeskill_hub_leader",
+        "1 while this hub process is the leader and runs the leader-only loops.",
+        value=int(host.is_leader),
+    )
+    states = host.states()
+    running = GaugeMetricFamily(
+        "edgeskill_hub_loop_running", "1 while a control loop runs, by loop.", labels=["loop"]
+    )
+    restarts = CounterMetricFamily(
+        "edgeskill_hub_loop_restarts",
+        "Control loops restarted after a failure, by loop.",
+        labels=["loop"],
+    )
+    for state in states:
+        running.add_metric([state.name], int(state.running))
+        restarts.add_metric([state.name], state.restarts)
+    yield running
+    yield restarts
+
+
 def _counter(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=[label])
     # dict() copies in one step under the GIL, so the event loop may keep counting meanwhile.
@@ -100,42 +113,21 @@ def _counter(name: str, doc: str, label: str, counts: dict[str, int]) -> Counter
     return family
 
 
-class MetricsServer:
-    """A Prometheus text endpoint on its own thread, over one registry.
-
-    Raises:
-        ValidationError: a malformed ``bind``.
-        TransportError: the address cannot be bound.
-    """
-
-    def __init__(self, registry: CollectorRegistry, bind: str) -> None:
-        host, port = parse_bind(bind)
-        try:
-            self._server, self._thread = start_http_server(port, host, registry=registry)
-        except OSError as exc:
-            raise TransportError(f"cannot serve metrics on {bind}: {exc}") from exc
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (the one picked when ``bind`` asked for port 0)."""
-        return int(self._server.server_port)
-
-    def stop(self) -> None:
-        """Stop serving and release the port; blocks up to half a second."""
-        self._server.shutdown()
-        self._server.server_close()
-        thread: threading.Thread = self._thread
-        thread.join(5.0)
-
-
-def start_hub_metrics(core: HubCore, store: Store, bind: str) -> MetricsServer:
-    """Serve ``core``'s and ``store``'s metrics on ``bind`` (``HOST:PORT``).
+def start_hub_metrics(
+    core: HubCore, store: Store, bind: str, loops: LoopHost | None = None
+) -> MetricsServer:
+    """Serve ``core``'s, ``store``'s and ``loops``' metrics on ``bind`` (``HOST:PORT``).
 
     Raises:
         ValidationError: a malformed ``bind``.
         TransportError: the address cannot be bound.
     """
     registry = CollectorRegistry()
-    collector: Collector = HubCollector(core, store)
+    collector: Collector = HubCollector(core, store, loops)
     registry.register(collector)
-    return MetricsServer(registry, bind)
+    try:
+        return start_metrics_server(registry, bind)
+    except MetricsBindError as exc:
+        raise ValidationError(str(exc)) from exc
+    except OSError as exc:
+        raise TransportError(f"cannot serve metrics on {bind}: {exc}") from exc

@@ -15,19 +15,19 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protos import pb
+from protos.fetch import DEFAULT_WINDOW, WINDOW_PROPERTY, FetchErrorCode
 from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE
 
-__all__ = ["DEFAULT_WINDOW", "FetchReply", "requested_window"]
+__all__ = ["FetchReply", "requested_window"]
 
-DEFAULT_WINDOW = 32
-
+_MAX_ERROR_MESSAGE = 1000
 Publish = Callable[[str, bytes, Properties], bool]
 
 
 def requested_window(user: tuple[tuple[str, str], ...], cap: int) -> int:
     """The window the request asks for (its ``window`` user property), within 1..cap."""
     for key, value in user:
-        if key == "window" and value.isdigit():
+        if key == WINDOW_PROPERTY and value.isascii() and value.isdigit() and len(value) <= 6:
             return max(1, min(int(value), cap))
     return min(DEFAULT_WINDOW, cap)
 
@@ -44,9 +44,13 @@ class FetchReply:
         props.ContentType = content_type
         return props
 
-    def error(self, code: str, message: str) -> bool:
-        """Refuse the request (codes: not-found, too-large, refused, unknown-device)."""
-        body = pb.Error(code=code, message=message[:1000]).SerializeToString()
+    def error(self, code: FetchErrorCode, message: str) -> bool:
+        """Refuse the request.
+
+        Returns:
+            False when the publish was refused.
+        """
+        body = pb.Error(code=code, message=message[:_MAX_ERROR_MESSAGE]).SerializeToString()
         return self._publish(self._topic, body, self._props(ERROR_CONTENT_TYPE))
 
     async def chunks(self, chunks: Iterator[bytes], offset: int, size: int, window: int) -> bool:

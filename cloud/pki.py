@@ -23,7 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud.errors import HubError, ValidationError
+from cloud.errors import HubError, TransportError, ValidationError
+from protos.pem import read_pem
 
 __all__ = [
     "CertificateAuthority",
@@ -104,9 +105,11 @@ class CertificateAuthority:
     @classmethod
     def _load(cls, directory: Path) -> CertificateAuthority:
         try:
-            cert = x509.load_pem_x509_certificate(_read_pem(directory / "ca.crt"))
-            key = serialization.load_pem_private_key(_read_pem(directory / "ca.key"), None)
-        except (OSError, ValueError, TypeError) as exc:
+            cert = x509.load_pem_x509_certificate(read_pem(directory / "ca.crt", _MAX_PEM_BYTES))
+            key = serialization.load_pem_private_key(
+                read_pem(directory / "ca.key", _MAX_PEM_BYTES), None
+            )
+        except (TransportError, ValueError, TypeError) as exc:
             raise HubError(f"cannot load the CA in {directory}: {exc}") from exc
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise HubError(f"the CA key in {directory} is not an EC key")
@@ -232,14 +235,6 @@ def _general_name(name: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(name))
     except ValueError:
         return x509.DNSName(name)
-
-
-def _read_pem(path: Path) -> bytes:
-    with path.open("rb") as fh:
-        data = fh.read(_MAX_PEM_BYTES + 1)
-    if len(data) > _MAX_PEM_BYTES:
-        raise ValueError(f"{path} is larger than {_MAX_PEM_BYTES} bytes")
-    return data
 
 
 def _write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:

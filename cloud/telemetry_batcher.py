@@ -106,6 +106,12 @@ class TelemetryBatcher:
         self.batches = 0
         self.items = 0
 
+    @property
+    def waiting(self) -> int:
+        """Windows submitted and not yet taken into a batch."""
+        lane = self._lane
+        return 0 if lane is None else len(lane.queue)
+
     async def submit(self, msg_id: str, device_id: str, record: TelemetryRecord) -> bool:
         """Store one window with the next batch; return once that batch committed.
 

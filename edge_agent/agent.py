@@ -1,8 +1,12 @@
-"""The edge agent: one process per device.
+"""The edge agent: one per device, and as many per process as a fleet simulator wants.
 
 Read :meth:`Agent.run` to see the agent: a session with the hub, an outbox
 flusher, the reconciler, a workload feeding running skills and a telemetry
-window, each a task started from one flat list.
+window, each a task started from one flat list. Everything the agent talks to
+comes from outside (its outbox, how to open a transport, how to start a
+skill, where inputs come from, the clock); :func:`edge_agent.wiring.build_agent`
+wires the real ones. Nothing here is global and no thread outlives a call, so
+thousands of agents can share one process and one event loop.
 """
 
 from __future__ import annotations
@@ -20,56 +24,132 @@ from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError, TransportError
 from edge_agent.installs import InstallStore
 from edge_agent.metrics import InferenceCounter, start_agent_metrics
-from edge_agent.outbox import Outbox
-from edge_agent.profile import DeviceProfile, detect_profile
-from edge_agent.reconciler import Reconciler
+from edge_agent.outbox import Outbox, OutboxWriter
+from edge_agent.profile import DeviceProfile
+from edge_agent.reconciler import FetchTarget, Reconciler
 from edge_agent.sandbox import SkillProcess
-from edge_agent.transport import AgentTransport, open_transport
+from edge_agent.sandbox.launcher import SkillLauncher
+from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource, WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.errors import ProtocolError
 from skills.errors import FetchError
-from skills.trust import TrustClient
+
+__all__ = ["Agent", "HubLink", "TransportFactory"]
 
 log = logging.getLogger(__name__)
 
+#: Makes a new, unconnected transport to the hub; called once per session.
+TransportFactory = Callable[[], AgentTransport]
+
 _FETCH_TIMEOUT_S = 600.0
+_FLUSH_BATCH = 200
+
+
+class HubLink:
+    """The agent's current hub session, for code on worker threads (the TUF client).
+
+    The TUF client fetches synchronously; :meth:`fetch` runs the download on
+    the agent's event loop through whatever transport is connected now.
+
+    Args:
+        max_bytes: Largest file fetched, whatever the caller asks for.
+        timeout_s: Longest wait for one file.
+    """
+
+    def __init__(self, max_bytes: int, timeout_s: float = _FETCH_TIMEOUT_S) -> None:
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.transport: AgentTransport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, transport: AgentTransport) -> None:
+        """Route fetches through ``transport``; call on the agent's event loop."""
+        self._loop = asyncio.get_running_loop()
+        self.transport = transport
+
+    def detach(self) -> None:
+        """The session ended: fetches fail until the next :meth:`attach`."""
+        self.transport = None
+
+    def fetch(self, path: str, max_bytes: int) -> bytes:
+        """Fetch a hub file; call from a worker thread, never from the event loop.
+
+        Raises:
+            FileNotFoundError: the hub has no such file.
+            FetchError: not connected, or the transfer failed or timed out.
+        """
+        transport, loop = self.transport, self._loop
+        if transport is None or loop is None:
+            raise FetchError("not connected to the hub")
+        cap = min(max_bytes, self.max_bytes)
+        future = asyncio.run_coroutine_threadsafe(transport.fetch(path, cap), loop)
+        try:
+            return future.result(self.timeout_s)
+        except TransportError as exc:
+            raise FetchError(str(exc)) from exc
+        except TimeoutError as exc:
+            future.cancel()
+            raise FetchError(f"fetch of {path} timed out") from exc
 
 
 class Agent:
-    """Connects a device to its hub and keeps its skills in the desired state."""
+    """Connects a device to its hub and keeps its skills in the desired state.
 
-    def __init__(self, config: AgentConfig, profile: DeviceProfile | None = None) -> None:
+    Args:
+        config: The agent's settings.
+        profile: The device's hardware profile (sent when registering).
+        outbox: Durable store of everything sent up; :meth:`run` closes it at the end.
+        installs: The installed skill versions.
+        fetch_target: Fetches and verifies a bundle by TUF target name (blocking).
+        launcher: Starts and health-checks a skill's control code.
+        transport_factory: Makes a new transport to the hub for each session.
+        link: Where ``fetch_target`` finds the hub session; a fresh one by default.
+        source: Inputs fed to every running skill, or ``None``.
+        clock: Monotonic seconds, for uptime, resend timeouts and retry backoff.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        profile: DeviceProfile,
+        outbox: Outbox,
+        installs: InstallStore,
+        fetch_target: FetchTarget,
+        launcher: SkillLauncher,
+        transport_factory: TransportFactory,
+        link: HubLink | None = None,
+        source: ReplaySource | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
-        self.profile = profile or detect_profile(config.board)
-        state = config.state_dir
-        state.mkdir(parents=True, exist_ok=True)
-        self.outbox = Outbox(state / "outbox.db")
-        self.installs = InstallStore(state / "installs")
-        root = config.trusted_root.read_bytes() if config.trusted_root else None
-        self.trust = TrustClient(state / "trust", self._fetch_sync, trusted_root=root)
-        self.reconciler = Reconciler(
-            self.installs,
-            self.trust.fetch_target,
-            self.profile.targets,
-            state / "logs",
-            self._changed,
-            self.profile.precisions,
-        )
-        self.desired: pb.DesiredState | None = _load_desired(state / "desired.bin")
-        self.transport: AgentTransport | None = None
+        self.profile = profile
+        self.outbox = outbox
+        self.installs = installs
+        self.link = link or HubLink(config.max_bundle_bytes)
+        self.reconciler = Reconciler(installs, fetch_target, launcher, self._changed, clock=clock)
+        self.desired: pb.DesiredState | None = _load_desired(config.state_dir / "desired.bin")
         self.heartbeat_s = 5.0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake_reconcile = asyncio.Event()
-        self._wake_flush = asyncio.Event()
-        self._report_due = True
-        self._started = time.monotonic()
-        self._in_flight: dict[str, float] = {}
         self.windows: dict[tuple[str, str], WindowStats] = {}
-        self._seq = _read_int(state / "telemetry.seq")
         #: Running totals exported as metrics.
         self.inference_counts = InferenceCounter()
         self.outbox_dropped_total = 0
+        self._writer = OutboxWriter(outbox)
+        self._open_transport = transport_factory
+        self._source = source
+        self._clock = clock
+        self._wake_reconcile = asyncio.Event()
+        self._wake_flush = asyncio.Event()
+        self._report_due = True
+        self._started = clock()
+        self._in_flight: dict[str, float] = {}
+        self._seq = _read_int(config.state_dir / "telemetry.seq")
+
+    @property
+    def transport(self) -> AgentTransport | None:
+        """The connected transport, or ``None`` between sessions."""
+        return self.link.transport
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set.
@@ -77,7 +157,6 @@ class Agent:
         Raises:
             AgentError: the metrics address (``config.metrics_bind``) is malformed or taken.
         """
-        self._loop = asyncio.get_running_loop()
         cleaned = await asyncio.to_thread(self.installs.recover)
         if cleaned:
             log.info("recovered from an interrupted install: %s", ", ".join(cleaned))
@@ -100,7 +179,7 @@ class Agent:
             if metrics is not None:
                 await asyncio.to_thread(metrics.stop)
             await self.reconciler.shutdown()
-            self._flush_windows()
+            await self._flush_windows()
             self.outbox.close()
 
     async def _supervise(self, module: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -139,16 +218,10 @@ class Agent:
     async def _session(self) -> None:
         backoff = 0.2
         while True:
-            transport = open_transport(
-                self.config.hub_url,
-                self.config.device_id,
-                ca=self.config.tls_ca,
-                cert=self.config.tls_cert,
-                key=self.config.tls_key,
-            )
+            transport = self._open_transport()
             try:
                 await transport.connect(self._register())
-                self.transport = transport
+                self.link.attach(transport)
                 self._in_flight.clear()
                 self._report_due = True
                 self._wake_flush.set()
@@ -158,7 +231,7 @@ class Agent:
             except* TransportError as group:
                 log.info("hub connection lost: %s", group.exceptions[0])
             finally:
-                self.transport = None
+                self.link.detach()
                 await transport.close()
             await asyncio.sleep(backoff)
             backoff = min(self.config.max_backoff_s, backoff * 2)
@@ -188,37 +261,23 @@ class Agent:
 
     async def _heartbeat(self, transport: AgentTransport) -> None:
         while True:
-            uptime = int(time.monotonic() - self._started)
+            uptime = int(self._clock() - self._started)
             await transport.send(
                 make_envelope(self.config.device_id, heartbeat=pb.Heartbeat(uptime_s=uptime))
             )
             await asyncio.sleep(self.heartbeat_s)
 
-    def _fetch_sync(self, path: str, max_bytes: int) -> bytes:
-        """Fetch a hub file from a worker thread (the TUF client is synchronous).
-
-        Raises:
-            FileNotFoundError: the hub has no such file.
-            FetchError: not connected, or the transfer failed.
-        """
-        transport, loop = self.transport, self._loop
-        if transport is None or loop is None:
-            raise FetchError("not connected to the hub")
-        cap = min(max_bytes, self.config.max_bundle_bytes)
-        future = asyncio.run_coroutine_threadsafe(transport.fetch(path, cap), loop)
-        try:
-            return future.result(_FETCH_TIMEOUT_S)
-        except TransportError as exc:
-            raise FetchError(str(exc)) from exc
-        except TimeoutError as exc:
-            future.cancel()
-            raise FetchError(f"fetch of {path} timed out") from exc
-
     # -- outbox: everything sent up is kept until the hub acknowledges it -------
 
-    def enqueue(self, env: pb.Envelope) -> None:
-        """Store a message durably for sending; it survives restarts and outages."""
-        self.outbox.put(env.id, kind_of(env), encode_envelope(env))
+    async def enqueue(self, env: pb.Envelope) -> None:
+        """Store a message durably for sending; it survives restarts and outages.
+
+        Returns once the message is committed; only then may it be sent.
+
+        Raises:
+            OutboxError: the message is malformed or too large, or the outbox failed.
+        """
+        await self._writer.put(env.id, kind_of(env), encode_envelope(env))
         self._wake_flush.set()
 
     async def _flush_loop(self) -> None:
@@ -233,17 +292,17 @@ class Agent:
                 await self._flush(transport)
 
     async def _flush(self, transport: AgentTransport) -> None:
-        now = time.monotonic()
-        for entry in await asyncio.to_thread(self.outbox.pending, 200):
+        # Only committed entries are read back here, so nothing leaves before it is durable.
+        now = self._clock()
+        for entry in await asyncio.to_thread(self.outbox.pending, _FLUSH_BATCH):
             sent = self._in_flight.get(entry.msg_id)
             if sent is not None and now - sent < self.config.ack_timeout_s:
                 continue
             try:
                 env = decode_envelope(entry.payload)
             except ProtocolError:
-                await asyncio.to_thread(
-                    self.outbox.ack, [entry.msg_id]
-                )  # unreadable: never sendable
+                # Unreadable: it can never be sent.
+                await asyncio.to_thread(self.outbox.ack, [entry.msg_id])
                 continue
             await transport.send(env)
             self._in_flight[entry.msg_id] = now
@@ -259,9 +318,8 @@ class Agent:
             if self._report_due:
                 self._report_due = False
                 gen = self.desired.generation if self.desired else 0
-                self.enqueue(
-                    make_envelope(self.config.device_id, reported=self.reconciler.report(gen))
-                )
+                report = self.reconciler.report(gen)
+                await self.enqueue(make_envelope(self.config.device_id, reported=report))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._wake_reconcile.wait(), self.config.reconcile_interval_s
@@ -271,9 +329,9 @@ class Agent:
     # -- workload and telemetry -------------------------------------------------
 
     async def _workload(self) -> None:
-        if self.config.source is None:
+        source = self._source
+        if source is None:
             return
-        source = await asyncio.to_thread(ReplaySource.load, self.config.source)
         done: set[tuple[str, str]] = set()
         while True:
             fed = False
@@ -297,26 +355,28 @@ class Agent:
                 return
             window = self.windows.setdefault(key, WindowStats(*key))
             window.record(result, ms, label)
+            window.add_events(len(proc.drain_events()))
             self.inference_counts.add(*key)
             await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
 
     async def _telemetry_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.telemetry_window_s)
-            self._flush_windows()
+            await self._flush_windows()
 
-    def _flush_windows(self) -> None:
+    async def _flush_windows(self) -> None:
         windows, self.windows = self.windows, {}
         for stats in windows.values():
             if stats.inferences:
-                dropped = self.outbox.take_dropped()
+                dropped = await asyncio.to_thread(self.outbox.take_dropped)
                 self.outbox_dropped_total += dropped
                 msg = stats.to_message(dropped=dropped)
                 # A per-device sequence number lets the hub (and tests) see gaps and repeats.
                 self._seq += 1
-                _write_int(self.config.state_dir / "telemetry.seq", self._seq)
+                seq_file = self.config.state_dir / "telemetry.seq"
+                await asyncio.to_thread(_write_int, seq_file, self._seq)
                 msg.metrics["seq"] = float(self._seq)
-                self.enqueue(make_envelope(self.config.device_id, telemetry=msg))
+                await self.enqueue(make_envelope(self.config.device_id, telemetry=msg))
 
 
 def _read_int(path: Path) -> int:

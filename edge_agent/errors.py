@@ -1,12 +1,25 @@
-"""Exception roots of the edge agent."""
+"""Exception roots of the edge agent.
+
+:class:`TransportError` is the wire layer's (:mod:`protos.errors`), re-exported
+here: it is not an :class:`AgentError`, so code that reports agent failures
+catches ``(AgentError, TransportError)``.
+"""
+
+from protos.errors import TransportError
+
+__all__ = [
+    "AgentError",
+    "HealthCheckError",
+    "InstallError",
+    "OutboxError",
+    "RuntimeBackendError",
+    "SandboxError",
+    "TransportError",
+]
 
 
 class AgentError(Exception):
     """Root of everything the agent raises."""
-
-
-class TransportError(AgentError):
-    """The connection to the hub failed, timed out or was refused."""
 
 
 class InstallError(AgentError):

@@ -304,6 +304,34 @@ class InstallStore:
         found = (self.current(n) for n in names)
         return [skill for skill in found if skill is not None]
 
+    def skill_names(self) -> list[str]:
+        """Every skill with a folder here, active or not, sorted.
+
+        Raises:
+            InstallError: The skills folder cannot be read.
+        """
+        try:
+            return sorted(
+                p.name for p in self._skills.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()
+            )
+        except OSError as exc:
+            raise InstallError(f"cannot list {self._skills}: {exc}") from exc
+
+    def versions(self, name: str) -> list[str]:
+        """The complete versions of a skill on disk, sorted by name.
+
+        Raises:
+            InstallError: Bad name, or the skill's folder cannot be read.
+        """
+        skill_dir = self._skill_dir(name)
+        with self._lock:
+            if not skill_dir.is_dir():
+                return []
+            try:
+                return sorted(p.name for p in skill_dir.iterdir() if _is_complete(p))
+            except OSError as exc:
+                raise InstallError(f"cannot list the versions of {name}: {exc}") from exc
+
     def remove_skill(self, name: str) -> None:
         """Deactivate and delete every version of a skill; a skill not installed is fine.
 

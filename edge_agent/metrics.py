@@ -9,15 +9,15 @@ tests) never share series.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from edge_agent.errors import AgentError, OutboxError
+from protos.metrics_server import MetricsBindError, MetricsServer, start_metrics_server
 
 if TYPE_CHECKING:
     from edge_agent.agent import Agent
@@ -27,7 +27,6 @@ __all__ = [
     "AgentCollector",
     "InferenceCounter",
     "MetricsServer",
-    "parse_bind",
     "start_agent_metrics",
 ]
 
@@ -38,19 +37,6 @@ SKILL_STATES = ("installing", "running", "failed", "rolled_back")
 
 #: Most (skill, version) series kept; versions come from the hub, so their number is capped.
 MAX_SERIES = 256
-
-
-def parse_bind(bind: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into its parts; port 0 picks a free one.
-
-    Raises:
-        AgentError: no port, a port outside 0..65535, or no host.
-    """
-    host, sep, port_text = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise AgentError(f"bad metrics address {bind!r}; expected HOST:PORT")
-    return host, int(port_text)
 
 
 class InferenceCounter:
@@ -119,33 +105,6 @@ class AgentCollector:
         )
 
 
-class MetricsServer:
-    """A Prometheus text endpoint on its own thread, over one registry.
-
-    Raises:
-        AgentError: a malformed ``bind``, or the address cannot be bound.
-    """
-
-    def __init__(self, registry: CollectorRegistry, bind: str) -> None:
-        host, port = parse_bind(bind)
-        try:
-            self._server, self._thread = start_http_server(port, host, registry=registry)
-        except OSError as exc:
-            raise AgentError(f"cannot serve metrics on {bind}: {exc}") from exc
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (the one picked when ``bind`` asked for port 0)."""
-        return int(self._server.server_port)
-
-    def stop(self) -> None:
-        """Stop serving and release the port; blocks up to half a second."""
-        self._server.shutdown()
-        self._server.server_close()
-        thread: threading.Thread = self._thread
-        thread.join(5.0)
-
-
 def start_agent_metrics(agent: Agent, bind: str) -> MetricsServer:
     """Serve ``agent``'s metrics on ``bind`` (``HOST:PORT``).
 
@@ -154,4 +113,9 @@ def start_agent_metrics(agent: Agent, bind: str) -> MetricsServer:
     """
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
-    return MetricsServer(registry, bind)
+    try:
+        return start_metrics_server(registry, bind)
+    except MetricsBindError as exc:
+        raise AgentError(str(exc)) from exc
+    except OSError as exc:
+        raise AgentError(f"cannot serve metrics on {bind}: {exc}") from exc

@@ -1,29 +1,48 @@
 """Level-triggered reconcile: make installed and running skills match the desired state.
 
-Each pass compares the desired state with what is on disk and running, and
-does only what is missing, so a restart, a lost message or a crash in the
-middle of an install converges on the next pass. An install is: fetch through
-TUF, verify, unpack into staging, switch ``current`` atomically, health-check
-the new version by starting it, and roll back to the previous version when
-the check fails.
+A thin executor around the pure rule in :mod:`edge_agent.planner`. Each pass
+gathers what is on disk and running, asks :func:`~edge_agent.planner.plan` for
+the next steps, carries them out, files what failed, and asks again until
+nothing is left to do. An install is: fetch through TUF, verify, unpack into
+staging, switch ``current`` atomically, health-check the new version by
+starting it, and roll back to the previous version when the check fails.
+Old versions beyond ``keep_versions`` are pruned once the desired one runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.errors import AgentError, HealthCheckError, InstallError, SandboxError
 from edge_agent.installs import InstallStore
+from edge_agent.planner import (
+    UNKNOWN_GENERATION,
+    Action,
+    Activate,
+    Desired,
+    Failure,
+    Fetch,
+    Installed,
+    Prune,
+    Remove,
+    Rollback,
+    Start,
+    Wanted,
+    freeze_config,
+    plan,
+)
 from edge_agent.sandbox import SkillProcess
+from edge_agent.sandbox.launcher import SkillLauncher
 from protos import pb
+from protos.limits import MAX_ERROR_CHARS, MAX_VARIANT_CHARS
 from skills.errors import SkillError
-from skills.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +50,10 @@ FetchTarget = Callable[[str], Path]
 
 RETRY_BASE_S = 3.0
 RETRY_MAX_S = 300.0
+#: Plan-and-execute rounds in one pass; a full upgrade with a rollback takes six.
+MAX_ROUNDS = 8
+
+_START_ERRORS = (HealthCheckError, SandboxError, SkillError)
 
 
 @dataclass(frozen=True)
@@ -51,152 +74,210 @@ class SkillState:
             name=self.name,
             version=self.version,
             state=self.state,
-            error=self.error[:2000],
+            error=self.error[:MAX_ERROR_CHARS],
             desired_version=self.desired_version,
             previous_version=self.previous_version,
-            variant=self.variant[:256],
+            variant=self.variant[:MAX_VARIANT_CHARS],
         )
 
 
+def desired_from_message(desired: pb.DesiredState | None) -> Desired | None:
+    """The planner's view of a desired-state message (``None`` stays unknown)."""
+    if desired is None:
+        return None
+    skills = tuple(
+        Wanted(s.name, s.version, s.target_name, freeze_config(s.config)) for s in desired.skills
+    )
+    return Desired(desired.generation, skills)
+
+
 class Reconciler:
-    """Owns the installed skills and their control processes."""
+    """Owns the installed skills and their control processes.
+
+    Args:
+        installs: The install store of the agent's state folder.
+        fetch_target: Fetches a bundle by TUF target name and returns its verified file.
+        launcher: Starts an installed version and health-checks it.
+        on_change: Called whenever a skill's reported state changes.
+        clock: Monotonic seconds, for fetch backoff.
+        keep_versions: Versions of each skill kept on disk (current and previous first).
+    """
 
     def __init__(
         self,
         installs: InstallStore,
         fetch_target: FetchTarget,
-        profile_targets: Sequence[str],
-        log_dir: Path,
+        launcher: SkillLauncher,
         on_change: Callable[[], None],
-        precisions: Sequence[str] = (),
+        *,
         clock: Callable[[], float] = time.monotonic,
+        keep_versions: int = 2,
     ) -> None:
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
         self.installs = installs
         self.fetch_target = fetch_target
-        self.profile_targets = tuple(profile_targets)
-        self.precisions = tuple(precisions)
-        self.clock = clock
-        self.log_dir = log_dir
+        self.launcher = launcher
         self.on_change = on_change
+        self.clock = clock
+        self.keep_versions = keep_versions
         self.processes: dict[str, SkillProcess] = {}
         self.states: dict[str, SkillState] = {}
-        # Versions that failed, with the monotonic time they may be tried again: a fetch or
-        # trust failure may be the hub's or the network's passing fault and is retried with
-        # backoff; a failed health check is not retried until the desired state changes.
-        self._failed: dict[tuple[str, str], float] = {}
-        self._fetch_failures: dict[tuple[str, str], int] = {}
-        self._generation = -1
+        self._process_versions: dict[str, str] = {}
+        self._failures: dict[tuple[str, str], Failure] = {}
+        self._fetch_tries: dict[tuple[str, str], int] = {}
+        self._generation = UNKNOWN_GENERATION
 
     async def reconcile(self, desired: pb.DesiredState | None) -> None:
-        """One pass. ``None`` means the hub's wishes are unknown: keep what is installed."""
-        if desired is None:
-            for skill in await asyncio.to_thread(self.installs.installed):
-                await self._ensure_running(skill.name, skill.version, skill.version, {})
-            return
-        if desired.generation != self._generation:
-            self._failed.clear()
-            self._fetch_failures.clear()
-            self._generation = desired.generation
-        wanted = {s.name: s for s in desired.skills}
-        for spec in desired.skills:
-            await self._converge(spec)
-        for skill in await asyncio.to_thread(self.installs.installed):
-            if skill.name not in wanted:
-                await self._remove(skill.name)
+        """One pass. ``None`` means the hub's wishes are unknown: keep what is installed.
 
-    async def _converge(self, spec: pb.SkillSpec) -> None:
-        current = await asyncio.to_thread(self.installs.current, spec.name)
-        if current is not None and current.version == spec.version:
-            await self._ensure_running(spec.name, spec.version, spec.version, dict(spec.config))
-            return
-        if self._failed.get((spec.name, spec.version), 0.0) > self.clock():
-            if current is not None:  # keep the version that works running meanwhile
-                await self._ensure_running(
-                    spec.name, current.version, spec.version, dict(spec.config)
-                )
-            return
-        await self._install(spec, current.version if current else "")
+        Raises:
+            InstallError: A skill that is no longer wanted cannot be removed, or the
+                install folders cannot be read.
+        """
+        wanted = desired_from_message(desired)
+        generation = UNKNOWN_GENERATION if wanted is None else wanted.generation
+        if generation != self._generation:  # a new desired state: every version may be tried
+            self._failures.clear()
+            self._fetch_tries.clear()
+            self._generation = generation
+        for _ in range(MAX_ROUNDS):
+            installed = await asyncio.to_thread(self._inventory)
+            actions = plan(
+                wanted,
+                installed.values(),
+                self._failures.values(),
+                self.clock(),
+                keep_versions=self.keep_versions,
+            )
+            if not actions:
+                return
+            for action in actions:
+                await self._execute(action, installed.get(action.name), wanted)
 
-    async def _install(self, spec: pb.SkillSpec, previous: str) -> None:
-        self._set(SkillState(spec.name, previous, "installing", "", spec.version, previous))
+    def _inventory(self) -> dict[str, Installed]:
+        found: dict[str, Installed] = {}
+        for name in self.installs.skill_names():
+            current = self.installs.current(name)
+            running = (
+                current is not None
+                and name in self.running()
+                and self._process_versions.get(name) == current.version
+            )
+            found[name] = Installed(
+                name,
+                current.version if current else None,
+                current.previous if current else None,
+                tuple(self.installs.versions(name)),
+                running,
+            )
+        return found
+
+    async def _execute(
+        self, action: Action, skill: Installed | None, wanted: Desired | None
+    ) -> None:
+        current = skill.current if skill is not None else None
+        previous = skill.previous if skill is not None else None
+        want = _wanted_version(wanted, action.name, current)
+        match action:
+            case Fetch():
+                await self._fetch(action, current or "")
+            case Activate():
+                await self._activate(action, current or "")
+            case Start():
+                await self._start(action, want, previous or "")
+            case Rollback():
+                await self._roll_back(action, want)
+            case Remove():
+                await self._remove(action.name)
+            case Prune():
+                await self._prune(action)
+
+    async def _fetch(self, action: Fetch, current: str) -> None:
+        name, version = action.name, action.version
+        self._set(SkillState(name, current, "installing", "", version, current))
         try:
-            bundle = await asyncio.to_thread(self.fetch_target, spec.target_name)
-            await asyncio.to_thread(self.installs.unpack, spec.name, spec.version, bundle)
+            bundle = await asyncio.to_thread(self.fetch_target, action.target)
+            await asyncio.to_thread(self.installs.unpack, name, version, bundle)
         except (SkillError, AgentError) as exc:
             # The version that runs now keeps running; the failure is reported.
-            key = (spec.name, spec.version)
-            tries = self._fetch_failures[key] = self._fetch_failures.get(key, 0) + 1
-            self._failed[key] = self.clock() + min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (tries - 1))
-            self._set(SkillState(spec.name, previous, "failed", str(exc), spec.version, previous))
-            return
-        await self._stop(spec.name)
-        await asyncio.to_thread(self.installs.activate, spec.name, spec.version)
-        await self._ensure_running(spec.name, spec.version, spec.version, dict(spec.config))
+            self._retry_later(name, version)
+            self._set(SkillState(name, current, "failed", str(exc), version, current))
 
-    async def _ensure_running(
-        self, name: str, version: str, desired: str, config: dict[str, str]
-    ) -> None:
-        proc = self.processes.get(name)
-        if proc is not None and proc.alive:
-            return
-        current = await asyncio.to_thread(self.installs.current, name)
-        if current is None:
-            return
+    async def _activate(self, action: Activate, current: str) -> None:
+        await self._stop(action.name)
         try:
-            self.processes[name] = await asyncio.to_thread(self._start, current.path, config)
-        except (HealthCheckError, SandboxError, SkillError) as exc:
-            await self._roll_back(name, version, desired, str(exc))
+            await asyncio.to_thread(self.installs.activate, action.name, action.version)
+        except InstallError as exc:
+            self._retry_later(action.name, action.version)
+            self._set(SkillState(action.name, current, "failed", str(exc), action.version, current))
+
+    async def _start(self, action: Start, want: str, previous: str) -> None:
+        name, version = action.name, action.version
+        current = await asyncio.to_thread(self.installs.current, name)
+        if current is None or current.version != version:
+            return  # changed under us; the next round sees it
+        try:
+            proc = await asyncio.to_thread(self.launcher, current.path, dict(action.config))
+        except _START_ERRORS as exc:
+            self._health_failed(name, version, want, str(exc))
             return
-        if version == desired:
-            variant = ", ".join(f"{k}={v}" for k, v in sorted(self.processes[name].models.items()))
+        self.processes[name] = proc
+        self._process_versions[name] = version
+        if version == want:
+            variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
+            self._set(SkillState(name, version, "running", "", want, previous, variant))
+
+    def _health_failed(self, name: str, version: str, want: str, error: str) -> None:
+        self._failures[(name, version)] = Failure(name, version, self._generation, math.inf)
+        log.warning(
+            "skill %s %s failed its health check: %s", name, version, error.splitlines()[-1:]
+        )
+        state = self.states.get(name)
+        if version == want or state is None:
+            self._set(SkillState(name, "", "failed", error, want, ""))
+        else:  # the version kept while the wanted one may not be tried
             self._set(
-                SkillState(name, version, "running", "", desired, current.previous or "", variant)
+                dataclasses.replace(
+                    state, error=f"{state.error}\nprevious version {version} failed too: {error}"
+                )
             )
 
-    def _start(self, skill_dir: Path, config: dict[str, str]) -> SkillProcess:
-        manifest = Manifest.from_toml((skill_dir / "skill.toml").read_text(encoding="utf-8"))
-        merged = {**dict(manifest.config), **config}
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        proc = SkillProcess(
-            skill_dir,
-            manifest,
-            self.profile_targets,
-            config=merged,
-            log_path=self.log_dir / f"{manifest.name}-{manifest.version}.log",
-            precisions=self.precisions,
-        )
-        proc.start()
-        return proc
-
-    async def _roll_back(self, name: str, failed: str, desired: str, error: str) -> None:
-        self._failed[(name, failed)] = math.inf
-        self.processes.pop(name, None)
-        log.warning(
-            "skill %s %s failed its health check: %s", name, failed, error.splitlines()[-1:]
-        )
+    async def _roll_back(self, action: Rollback, want: str) -> None:
+        name = action.name
+        state = self.states.get(name)
+        error = state.error if state is not None else ""
+        await self._stop(name)
         try:
             restored = await asyncio.to_thread(self.installs.rollback, name)
-        except InstallError:
-            self._set(SkillState(name, "", "failed", error, desired, ""))
+        except InstallError as exc:
+            self._set(SkillState(name, "", "failed", f"{error}\n{exc}".strip(), want, ""))
             return
-        current = await asyncio.to_thread(self.installs.current, name)
+        self._set(SkillState(name, restored, "rolled_back", error, want, action.failed))
+
+    async def _prune(self, action: Prune) -> None:
         try:
-            if current is not None:
-                self.processes[name] = await asyncio.to_thread(self._start, current.path, {})
-        except (HealthCheckError, SandboxError, SkillError) as exc:
-            error = f"{error}\nprevious version {restored} failed too: {exc}"
-        self._set(SkillState(name, restored, "rolled_back", error, desired, failed))
+            await asyncio.to_thread(self.installs.prune, action.name, action.keep)
+        except InstallError as exc:
+            log.warning("cannot prune old versions of %s: %s", action.name, exc)
+
+    def _retry_later(self, name: str, version: str) -> None:
+        key = (name, version)
+        tries = self._fetch_tries[key] = self._fetch_tries.get(key, 0) + 1
+        delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (tries - 1))
+        self._failures[key] = Failure(name, version, self._generation, self.clock() + delay)
 
     async def _stop(self, name: str) -> None:
         proc = self.processes.pop(name, None)
+        self._process_versions.pop(name, None)
         if proc is not None:
             await asyncio.to_thread(proc.stop)
 
     async def _remove(self, name: str) -> None:
         await self._stop(name)
         await asyncio.to_thread(self.installs.remove_skill, name)
-        self.states.pop(name, None)
-        self.on_change()
+        if self.states.pop(name, None) is not None:
+            self.on_change()
 
     async def shutdown(self) -> None:
         """Stop every control process."""
@@ -226,4 +307,12 @@ class Reconciler:
         return state.version if state else ""
 
 
-__all__ = ["Reconciler", "SkillState"]
+def _wanted_version(wanted: Desired | None, name: str, current: str | None) -> str:
+    """The version the hub wants for ``name``; the active one while its wishes are unknown."""
+    if wanted is None:
+        return current or ""
+    spec = max((s for s in wanted.skills if s.name == name), default=None)  # as the planner
+    return spec.version if spec is not None else ""
+
+
+__all__ = ["FetchTarget", "Reconciler", "SkillState", "desired_from_message"]

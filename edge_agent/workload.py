@@ -76,6 +76,10 @@ class WindowStats:
             self.labelled += 1
             self.correct += int(int(result["label"]) == label)
 
+    def add_events(self, count: int) -> None:
+        """Count ``count`` events the skill emitted (``ctx.emit``) in this window."""
+        self.events += count
+
     def to_message(self, dropped: int = 0) -> pb.Telemetry:
         """The window as a wire message."""
         lat = np.asarray(self.latencies_ms or [0.0])

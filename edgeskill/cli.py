@@ -14,13 +14,17 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from edgeskill import cli_model as model_cli
+from edgeskill import cli_trust as trust_cli
+
+if TYPE_CHECKING:
+    from cloud.service import FleetService
 
 # Tables stay readable when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
@@ -35,6 +39,7 @@ deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_ar
 groups_app = typer.Typer(help="Named label selectors over devices.", no_args_is_help=True)
 devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=True)
 app.add_typer(model_cli.app, name="model")
+app.add_typer(trust_cli.app, name="trust")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),
@@ -84,7 +89,8 @@ def _run_until_signal(main: object) -> None:
     asyncio.run(runner())
 
 
-def _open_hub(home: Path):  # type: ignore[no-untyped-def]
+def _open_hub(home: Path) -> Any:
+    """Open the hub home (for ``hub serve``); a missing hub ends with a hint and exit status 2."""
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
@@ -97,18 +103,38 @@ def _open_hub(home: Path):  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def _hub(home: Path) -> Iterator[Any]:
-    """Open the hub home for one command; its errors become a message and exit status 2."""
-    from cloud.errors import HubError  # noqa: PLC0415
+    """Open the hub home to serve it; its errors become a message and exit status 2."""
+    from cloud.errors import HubError, TransportError  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
 
     hub = _open_hub(home)
     try:
         yield hub
-    except (HubError, SkillError) as exc:
+    except (HubError, SkillError, TransportError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     finally:
         hub.close()
+
+
+@contextlib.contextmanager
+def _fleet(home: Path) -> Iterator[FleetService]:
+    """Open the fleet service for one command; hub errors become a message and exit status 2."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.service import FleetService  # noqa: PLC0415
+
+    try:
+        fleet = FleetService.open(home)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        raise typer.Exit(2) from exc
+    try:
+        yield fleet
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        fleet.close()
 
 
 # -- hub ---------------------------------------------------------------------
@@ -131,7 +157,7 @@ def hub_init(
     tls_key: TlsKeyOpt = None,
     client_ca: ClientCaOpt = None,
 ) -> None:
-    """Create a hub home: signing keys (mode 0600), TUF metadata and the registry store."""
+    """Create a hub home: signing keys (mode 0600), TUF metadata and the store."""
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
@@ -244,9 +270,9 @@ def agent_run(
     verbose: bool = False,
 ) -> None:
     """Connect this device to a hub and keep its skills in the desired state."""
-    from edge_agent.agent import Agent  # noqa: PLC0415
     from edge_agent.config import AgentConfig  # noqa: PLC0415
-    from edge_agent.errors import AgentError  # noqa: PLC0415
+    from edge_agent.errors import AgentError, TransportError  # noqa: PLC0415
+    from edge_agent.wiring import build_agent  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
 
     _setup_logging(verbose)
@@ -271,8 +297,8 @@ def agent_run(
         metrics_bind=metrics_bind,
     )
     try:
-        _run_until_signal(Agent(config).run)
-    except (AgentError, SkillError) as exc:
+        _run_until_signal(build_agent(config).run)
+    except (AgentError, SkillError, TransportError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
 
@@ -301,24 +327,23 @@ def skill_build(
 
 @skill_app.command("push")
 def skill_push(bundle: Path, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Sign a bundle into the hub's TUF repository and register the version."""
-    from cloud.models import ModelFactory  # noqa: PLC0415
-
-    with _hub(home) as hub:
-        rec = hub.push(bundle)
-        # Record in the model registry which artefacts this version ships.
-        linked = ModelFactory.for_hub(hub).link_skill_version(rec.name, rec.version)
+    """Sign a bundle into the hub's TUF repository, register the version, link its models."""
+    with _fleet(home) as fleet:
+        published = fleet.skills.publish(bundle)
+    rec = published.version
     console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
-    if linked:
-        console.print(f"linked {len(linked)} registered model artefact(s) to this version")
+    if published.linked_artifacts:
+        console.print(
+            f"linked {published.linked_artifacts} registered model artefact(s) to this version"
+        )
 
 
 @skill_app.command("ls")
 def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List published skill versions."""
     table = Table("skill", "version", "size", "sha256", "target")
-    with _hub(home) as hub:
-        for rec in hub.store.list_skill_versions():
+    with _fleet(home) as fleet:
+        for rec in fleet.skills.list():
             table.add_row(rec.name, rec.version, str(rec.size), rec.sha256[:12], rec.target_name)
     console.print(table)
 
@@ -329,21 +354,18 @@ def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 @groups_app.command("create")
 def groups_create(name: str, selector: str, home: HomeOpt = DEFAULT_HOME) -> None:
     """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3."""
-    with _hub(home) as hub:
-        hub.store.create_group(name, selector)
+    with _fleet(home) as fleet:
+        fleet.groups.create(name, selector)
     console.print(f"group {name} = {selector or '(all devices)'}")
 
 
 @groups_app.command("ls")
 def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List groups and how many devices each selects."""
-    from cloud.selectors import parse_selector  # noqa: PLC0415
-
     table = Table("group", "selector", "devices")
-    with _hub(home) as hub:
-        for g in hub.store.list_groups():
-            selected = hub.store.list_devices(parse_selector(g.selector))
-            table.add_row(g.name, g.selector, str(len(selected)))
+    with _fleet(home) as fleet:
+        for g in fleet.groups.list():
+            table.add_row(g.name, g.selector, str(g.devices))
     console.print(table)
 
 
@@ -351,20 +373,12 @@ def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List devices with their labels, state and skills."""
     table = Table("device", "labels", "online", "board", "desired gen", "skills")
-    with _hub(home) as hub:
-        for d in hub.store.list_devices():
-            rep = hub.store.reported_for(d.device_id)
-            skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in rep.skills) if rep else ""
+    with _fleet(home) as fleet:
+        for d in fleet.devices.list():
+            skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in d.reported)
             labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-            gen = str(hub.store.desired_for(d.device_id).generation)
-            table.add_row(
-                d.device_id,
-                labels,
-                "yes" if d.online else "no",
-                str(d.profile.get("board", "")),
-                gen,
-                skills,
-            )
+            online = "yes" if d.online else "no"
+            table.add_row(d.device_id, labels, online, d.board, str(d.desired_generation), skills)
     console.print(table)
 
 
@@ -376,14 +390,15 @@ def deploy_create(
     config: Annotated[
         list[str] | None, typer.Option(help="Skill config k=v; repeat for more.")
     ] = None,
+    strategy: Annotated[
+        str, typer.Option(help="Rollout strategy; all-at-once is the only one so far.")
+    ] = "all-at-once",
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Deploy SKILL VERSION to every device of a group (all at once)."""
-    from protos.envelope import now_ms  # noqa: PLC0415
-
     cfg = dict(item.split("=", 1) for item in (config or []) if "=" in item)
-    with _hub(home) as hub:
-        dep = hub.store.create_deployment(skill, version, group, config=cfg, now_ms=now_ms())
+    with _fleet(home) as fleet:
+        dep = fleet.deployments.create(skill, version, group, strategy=strategy, config=cfg)
     console.print(f"deployment {dep.id}: {skill} {version} -> {group}")
 
 
@@ -391,8 +406,8 @@ def deploy_create(
 def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
     """List deployments and their state."""
     table = Table("id", "skill", "version", "group", "strategy", "state")
-    with _hub(home) as hub:
-        for d in hub.store.list_deployments():
+    with _fleet(home) as fleet:
+        for d in fleet.deployments.list():
             table.add_row(str(d.id), d.skill, d.version, d.group, d.strategy, d.state)
     console.print(table)
 
@@ -400,10 +415,8 @@ def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
 @deploy_app.command("abort")
 def deploy_abort(deployment_id: int, home: HomeOpt = DEFAULT_HOME) -> None:
     """Abort a deployment; its devices fall back to the previous deployment's version."""
-    from protos.envelope import now_ms  # noqa: PLC0415
-
-    with _hub(home) as hub:
-        dep = hub.store.abort_deployment(deployment_id, now_ms=now_ms())
+    with _fleet(home) as fleet:
+        dep = fleet.deployments.abort(deployment_id)
     console.print(f"deployment {dep.id} {dep.state}")
 
 

@@ -51,21 +51,20 @@ BACKENDS = ("onnxruntime", "openvino", "litert")
 def _factory(home: Path) -> Iterator[ModelFactory]:
     """Open the hub at ``home``; any hub error ends the command with exit code 2."""
     from cloud.errors import HubError  # noqa: PLC0415
-    from cloud.hub import Hub  # noqa: PLC0415
-    from cloud.models import ModelFactory  # noqa: PLC0415
+    from cloud.service import FleetService  # noqa: PLC0415
 
     try:
-        hub = Hub.open(home)
+        fleet = FleetService.open(home)
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
         raise typer.Exit(2) from exc
     try:
-        yield ModelFactory.for_hub(hub)
+        yield fleet.models
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     finally:
-        hub.close()
+        fleet.close()
 
 
 def _kb(size: int) -> str:
@@ -107,7 +106,7 @@ def train(
     """Train a model in a separate job process (checkpoint every epoch, resumable)."""
     with _factory(home) as factory:
         if resume is not None:
-            job = factory.registry.get_job(resume)
+            job = factory.tables.get_job(resume)
         else:
             record = (
                 factory.add_folder_dataset(dataset_dir, name=dataset_name)
@@ -127,7 +126,7 @@ def train(
             console.print(f"[red]job {job.id} {job.status}:[/] {job.error}")
             console.print(f"resume it with `edgeskill model train --resume {job.id}`")
             raise typer.Exit(1)
-        model = factory.registry.get_model(job.model_name)
+        model = factory.tables.get_model(job.model_name)
         if out is not None:
             factory.export_blob(model.onnx_sha256, out)
     resumed = f", resumed from epoch {job.resumed_from_epoch}" if job.resumed_from_epoch else ""
@@ -245,7 +244,7 @@ def convert(
 @app.command("import")
 def import_model(
     path: Annotated[Path, typer.Argument(help="An EdgeSkill .pt model file or an .onnx file.")],
-    name: Annotated[str, typer.Option(help="Name of the model in the registry.")],
+    name: Annotated[str, typer.Option(help="Name of the model on the hub.")],
     dataset_id: Annotated[
         int | None, typer.Option(help="Data set version its metrics are measured on.")
     ] = None,
@@ -276,7 +275,7 @@ def ls(home: HomeOpt = DEFAULT_HOME) -> None:
         "id", "name", "arch", "data set", "job", "test acc", "ONNX", "variants", "targets"
     )
     with _factory(home) as factory:
-        for model in factory.registry.list_models():
+        for model in factory.tables.list_models():
             lineage = factory.lineage(model.id)
             dataset = lineage.dataset
             job = lineage.job
@@ -299,9 +298,9 @@ def jobs(home: HomeOpt = DEFAULT_HOME) -> None:
     """List training jobs and their state."""
     table = Table("job", "model", "arch", "data set", "status", "epochs", "last val acc", "error")
     with _factory(home) as factory:
-        for listed in factory.registry.list_jobs():
+        for listed in factory.tables.list_jobs():
             job = factory.jobs.refresh(listed.id)
-            epochs = factory.registry.job_epochs(job.id)
+            epochs = factory.tables.job_epochs(job.id)
             last = f"{epochs[-1].val_accuracy:.3f}" if epochs else "-"
             table.add_row(
                 str(job.id), job.model_name, job.arch, str(job.dataset_id), job.status,

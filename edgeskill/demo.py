@@ -1,38 +1,35 @@
 """``edgeskill demo``: a hub and three agents, end to end, on the embedded defaults.
 
-Trains the digits model, builds and signs the ``digits`` skill, deploys it to
-the group ``kind=camera``; the two cameras install it and classify a held-out
-stream, the gateway gets nothing. Each component is a separate process.
+Goes through the fleet service and the real model factory: the built-in digits
+data set, a training job, the model, its INT8 variant and their onnx-cpu
+conversions, then the ``digits`` skill built from those artefacts (so
+``edgeskill model show`` shows its lineage), signed, and deployed to the group
+``kind=camera``; the two cameras install it and classify a held-out stream,
+the gateway gets nothing. Each component is a separate process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import redirect_stdout
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from cloud.factory import (
-    LIBRARY,
-    build_skill,
-    quantized_variants,
-    train_digits_onnx,
-    write_holdout,
-)
-from cloud.hub import Hub
-from protos.envelope import now_ms
+from cloud.errors import HubError
+from cloud.service import FleetService
+from edgeskill.processes import Fleet, agent_args, free_port, wait_for_port, wait_until
+
+LIBRARY = Path(__file__).resolve().parents[1] / "skills" / "library"
 
 # (device, labels, board): boards come from the agent's profile table, so the two
 # cameras pick different model variants from the same bundle (see `variant`).
@@ -41,99 +38,6 @@ DEVICES = [
     ("cam-2", ["kind=camera"], "arm-cpu"),
     ("gw-1", ["kind=gateway"], "x86-cpu"),
 ]
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout_s: float = 30.0) -> None:
-    """Block until something listens on ``port``.
-
-    Raises:
-        TimeoutError: nothing listened in time.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on port {port}")
-
-
-@dataclass
-class Fleet:
-    """Child processes of the demo (or a test), stopped together."""
-
-    logs: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        """Start ``edgeskill ARGS`` as a child named ``name``, logging to a file."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        with (self.logs / f"{name}.log").open("ab") as log:
-            env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "edgeskill.cli", *args], stdout=log, stderr=log, env=env
-            )
-        self.procs[name] = proc
-        return proc
-
-    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
-        """Stop one child: ``sig`` first, SIGKILL after ``timeout_s``."""
-        proc = self.procs.pop(name)
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def stop_all(self) -> None:
-        """Stop every child."""
-        for name in list(self.procs):
-            self.stop(name)
-
-
-def agent_args(
-    hub_url: str,
-    device_id: str,
-    labels: list[str],
-    state: Path,
-    root: Path,
-    source: Path | None,
-    board: str | None = None,
-) -> list[str]:
-    """Command-line arguments of ``edgeskill agent run`` for one device."""
-    args = ["agent", "run", "--hub", hub_url, "--device-id", device_id, "--state-dir", str(state)]
-    args += ["--trusted-root", str(root), "--telemetry-window", "1"]
-    for label in labels:
-        args += ["--label", label]
-    if source is not None:
-        args += ["--source", str(source)]
-    if board is not None:
-        args += ["--board", board]
-    return args
-
-
-def wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25
-) -> None:
-    """Poll ``check`` until it holds.
-
-    Raises:
-        TimeoutError: it did not hold within ``timeout_s``.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @contextlib.contextmanager
@@ -161,55 +65,81 @@ def run_demo(
 
 def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
     started = time.monotonic()
-    hub = Hub.init(work / "hub", grpc_bind=f"127.0.0.1:{free_port()}")
-    trained = train_digits_onnx(work / "models" / "digits.onnx", console=console)
-    console.print(
-        f"trained digits CNN: test accuracy {trained.accuracy:.3f}, "
-        f"ONNX matches torch to {trained.max_diff:.1e}"
-    )
-    variants = quantized_variants(trained, work / "models")
-    bundle = build_skill(LIBRARY / "digits", "1.0.0", variants, work / "dist")
-    rec = hub.push(bundle)
-    console.print(f"built and signed {rec.target_name} ({rec.size} bytes)")
-    holdout = work / "holdout.npz"
-    count = write_holdout(trained.data, holdout)
+    service = FleetService.init(work / "hub", grpc_bind=f"127.0.0.1:{free_port()}")
     fleet = Fleet(work / "logs")
     hub_url = ""
     try:
-        hub_url = _start_hub(fleet, hub, work, transport)
-        root = work / "hub" / "trust" / "metadata" / "root.json"
+        holdout, count = _build_and_publish(console, service, work)
+        hub_url = _start_hub(fleet, service, work, transport)
         for device_id, labels, board in DEVICES:
             state = work / "agents" / device_id
-            fleet.start(
-                device_id, agent_args(hub_url, device_id, labels, state, root, holdout, board)
+            args = agent_args(
+                hub_url, device_id, labels, state, service.trusted_root, holdout, board
             )
+            fleet.start(device_id, args)
         wait_until(
-            lambda: len(hub.store.list_devices()) == len(DEVICES), 60, "three agents to register"
+            lambda: len(service.devices.list()) == len(DEVICES), 60, "three agents to register"
         )
-        hub.store.create_group("cameras", "kind=camera")
-        hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=now_ms())
+        service.groups.create("cameras", "kind=camera")
+        service.deployments.create("digits", "1.0.0", "cameras")
         console.print("deployed digits 1.0.0 to group cameras (kind=camera)")
-        _wait_for_inferences(console, hub, ["cam-1", "cam-2"], count)
-        ok = _print_table(console, hub, count)
+        _wait_for_inferences(console, service, ["cam-1", "cam-2"], count)
+        ok = _print_table(console, service, count)
         console.print(f"demo finished in {time.monotonic() - started:.1f} s")
         if keep:
             console.print(f"--keep: hub at {hub_url}, agents running; logs in {work / 'logs'}")
             fleet.procs.clear()
         return 0 if ok else 1
-    except TimeoutError as exc:
+    except (TimeoutError, HubError) as exc:
         console.print(f"[red]demo failed:[/] {exc}; logs in {work / 'logs'}")
         return 1
     finally:
         kept = bool(keep and not fleet.procs)
         fleet.stop_all()
-        hub.close()
+        service.close()
         if hub_url.startswith("mqtt") and not kept:
             _forget_retained(hub_url)
 
 
-def _start_hub(fleet: Fleet, hub: Hub, work: Path, transport: str) -> str:
+def _build_and_publish(console: Console, service: FleetService, work: Path) -> tuple[Path, int]:
+    """Train, compress, convert, bundle and publish ``digits``; returns the held-out stream."""
+    from cloud.models.bundles import package_skill  # noqa: PLC0415
+    from cloud.models.datasets import load_split  # noqa: PLC0415 - torch
+    from cloud.models.worker import run_worker  # noqa: PLC0415 - torch
+    from converters.pipeline import CompressOptions  # noqa: PLC0415 - torch
+
+    factory = service.models
+    dataset = factory.add_builtin_dataset("digits")
+    job = factory.submit_training(dataset.id, arch="digits-cnn", epochs=8, model_name="digits-cnn")
+    with console.status(f"training job {job.id}: the digits CNN"), redirect_stdout(io.StringIO()):
+        # The job's own worker code, run in this process: torch is loaded here already,
+        # and a worker process would load it again (seconds the demo need not spend).
+        run_worker(service.home, job.id)
+    job = factory.tables.get_job(job.id)
+    if job.status != "succeeded":
+        raise HubError(f"training job {job.id} {job.status}: {job.error}")
+    model = factory.tables.get_model(job.model_name)
+    console.print(f"trained {model.name} (job {job.id}): test accuracy {model.test_accuracy:.3f}")
+    with console.status("quantising to INT8 and converting for onnx-cpu"):
+        options = CompressOptions(tflite=False, latency=False)
+        factory.compress(model.id, ["int8"], options=options)
+        artifacts = [factory.convert(model.id, "onnx-cpu", variant=v) for v in ("float", "int8")]
+    bundle = package_skill(factory, LIBRARY / "digits", "1.0.0", artifacts, work / "dist")
+    published = service.skills.publish(bundle)
+    rec = published.version
+    console.print(
+        f"built and signed {rec.target_name} ({rec.size} bytes), "
+        f"{published.linked_artifacts} model artefacts linked"
+    )
+    data = load_split(service.home, dataset, image_size=model.image_size, seed=model.split_seed)
+    holdout = work / "holdout.npz"
+    np.savez(holdout, x=data.test.x.astype(np.float32), y=data.test.y.astype(np.int64))
+    return holdout, len(data.test.x)
+
+
+def _start_hub(fleet: Fleet, service: FleetService, work: Path, transport: str) -> str:
     """Start the hub process; returns the URL agents connect to."""
-    port = int(hub.config.grpc_bind.rsplit(":", 1)[1])
+    port = int(service.config.grpc_bind.rsplit(":", 1)[1])
     args = ["hub", "serve", "--home", str(work / "hub")]
     url = f"grpc://127.0.0.1:{port}"
     if transport == "mqtt":
@@ -233,9 +163,11 @@ def _forget_retained(url: str) -> None:
         clear_retained(url)
 
 
-def _wait_for_inferences(console: Console, hub: Hub, devices: list[str], count: int) -> None:
+def _wait_for_inferences(
+    console: Console, service: FleetService, devices: list[str], count: int
+) -> None:
     def done() -> int:
-        totals = {s.device_id: s.inferences for s in hub.store.telemetry_summary()}
+        totals = service.telemetry.inferences_by_device()
         return sum(min(totals.get(d, 0), count) for d in devices)
 
     with Progress(console=console, transient=True) as progress:
@@ -252,8 +184,9 @@ def _wait_for_inferences(console: Console, hub: Hub, devices: list[str], count: 
             time.sleep(0.25)
 
 
-def _print_table(console: Console, hub: Hub, count: int) -> bool:
-    summary = {s.device_id: s for s in hub.store.telemetry_summary()}
+def _print_table(console: Console, service: FleetService, count: int) -> bool:
+    summary = {s.device_id: s for s in service.telemetry.summary()}
+    views = {d.device_id: d for d in service.devices.list()}
     table = Table(
         "device",
         "labels",
@@ -269,8 +202,8 @@ def _print_table(console: Console, hub: Hub, count: int) -> bool:
     )
     ok = True
     for device_id, labels, board in DEVICES:
-        rep = hub.store.reported_for(device_id)
-        skill = rep.skills[0] if rep and rep.skills else None
+        view = views.get(device_id)
+        skill = view.reported[0] if view and view.reported else None
         s = summary.get(device_id)
         expected = "kind=camera" in labels
         ok &= (

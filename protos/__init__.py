@@ -9,11 +9,12 @@ from protos.envelope import (
     make_envelope,
     new_id,
 )
-from protos.errors import ProtocolError
+from protos.errors import ProtocolError, TransportError
 
 __all__ = [
     "MAX_ENVELOPE_BYTES",
     "ProtocolError",
+    "TransportError",
     "decode_envelope",
     "encode_envelope",
     "kind_of",

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error")
+    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error", "signed_desired", "security_event")
     ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class Envelope(_message.Message):
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_DESIRED_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_EVENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     device_id: str
     sent_at_ms: int
@@ -32,7 +34,9 @@ class Envelope(_message.Message):
     telemetry: Telemetry
     ack: Ack
     error: Error
-    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    signed_desired: SignedDesired
+    security_event: SecurityEvent
+    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., signed_desired: _Optional[_Union[SignedDesired, _Mapping]] = ..., security_event: _Optional[_Union[SecurityEvent, _Mapping]] = ...) -> None: ...
 
 class HardwareProfile(_message.Message):
     __slots__ = ("arch", "accelerator", "board", "targets", "cpu_count", "memory_bytes")
@@ -107,6 +111,26 @@ class DesiredState(_message.Message):
     generation: int
     skills: _containers.RepeatedCompositeFieldContainer[SkillSpec]
     def __init__(self, generation: _Optional[int] = ..., skills: _Optional[_Iterable[_Union[SkillSpec, _Mapping]]] = ...) -> None: ...
+
+class SignedDesired(_message.Message):
+    __slots__ = ("instruction",)
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    instruction: bytes
+    def __init__(self, instruction: _Optional[bytes] = ...) -> None: ...
+
+class SecurityEvent(_message.Message):
+    __slots__ = ("kind", "reason", "detail", "count", "subject")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    reason: str
+    detail: str
+    count: int
+    subject: str
+    def __init__(self, kind: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., count: _Optional[int] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class SkillStatus(_message.Message):
     __slots__ = ("name", "version", "state", "error", "desired_version", "previous_version", "variant")
@@ -234,3 +258,38 @@ class InferResponse(_message.Message):
     outputs: _containers.RepeatedCompositeFieldContainer[TensorProto]
     hub_ms: float
     def __init__(self, outputs: _Optional[_Iterable[_Union[TensorProto, _Mapping]]] = ..., hub_ms: _Optional[float] = ...) -> None: ...
+
+class EnrollRequest(_message.Message):
+    __slots__ = ("claim_token", "csr_pem")
+    CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    claim_token: str
+    csr_pem: bytes
+    def __init__(self, claim_token: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: bytes
+    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class EnrollResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_pem", "director_public_pem", "not_after_ms", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    DIRECTOR_PUBLIC_PEM_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    ca_pem: bytes
+    director_public_pem: bytes
+    not_after_ms: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., director_public_pem: _Optional[bytes] = ..., not_after_ms: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...

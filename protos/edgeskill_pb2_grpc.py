@@ -49,6 +49,16 @@ class HubStub:
                 request_serializer=edgeskill__pb2.InferRequest.SerializeToString,
                 response_deserializer=edgeskill__pb2.InferResponse.FromString,
                 _registered_method=True)
+        self.Enroll = channel.unary_unary(
+                '/edgeskill.v1.Hub/Enroll',
+                request_serializer=edgeskill__pb2.EnrollRequest.SerializeToString,
+                response_deserializer=edgeskill__pb2.EnrollResponse.FromString,
+                _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/edgeskill.v1.Hub/Renew',
+                request_serializer=edgeskill__pb2.RenewRequest.SerializeToString,
+                response_deserializer=edgeskill__pb2.EnrollResponse.FromString,
+                _registered_method=True)
 
 
 class HubServicer:
@@ -75,6 +85,20 @@ class HubServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Enroll(self, request, context):
+        """Trade a claim token and a CSR for a device certificate (server-authenticated TLS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
+        """A fresh certificate before the current one expires (mutual TLS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HubServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +116,16 @@ def add_HubServicer_to_server(servicer, server):
                     servicer.InferTail,
                     request_deserializer=edgeskill__pb2.InferRequest.FromString,
                     response_serializer=edgeskill__pb2.InferResponse.SerializeToString,
+            ),
+            'Enroll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Enroll,
+                    request_deserializer=edgeskill__pb2.EnrollRequest.FromString,
+                    response_serializer=edgeskill__pb2.EnrollResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=edgeskill__pb2.RenewRequest.FromString,
+                    response_serializer=edgeskill__pb2.EnrollResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +209,60 @@ class Hub:
             '/edgeskill.v1.Hub/InferTail',
             edgeskill__pb2.InferRequest.SerializeToString,
             edgeskill__pb2.InferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Enroll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeskill.v1.Hub/Enroll',
+            edgeskill__pb2.EnrollRequest.SerializeToString,
+            edgeskill__pb2.EnrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeskill.v1.Hub/Renew',
+            edgeskill__pb2.RenewRequest.SerializeToString,
+            edgeskill__pb2.EnrollResponse.FromString,
             options,
             channel_credentials,
             insecure,

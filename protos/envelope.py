@@ -10,9 +10,18 @@ from google.protobuf.message import DecodeError
 
 from protos import edgeskill_pb2 as pb
 from protos.errors import ProtocolError
+from protos.limits import MAX_DEVICE_ID_CHARS, MAX_ENVELOPE_BYTES, MAX_MESSAGE_ID_CHARS
 
-#: No control message is larger than this; bulk data goes through Fetch.
-MAX_ENVELOPE_BYTES = 256 * 1024
+__all__ = [
+    "MAX_ENVELOPE_BYTES",
+    "decode_envelope",
+    "encode_envelope",
+    "kind_of",
+    "make_envelope",
+    "new_id",
+    "now_ms",
+    "validate_envelope",
+]
 
 
 def new_id() -> str:
@@ -93,8 +102,8 @@ def validate_envelope(env: pb.Envelope) -> None:
     Raises:
         ProtocolError: the id is missing or too long, or there is no body.
     """
-    if not env.id or len(env.id) > 64:
-        raise ProtocolError("envelope id missing or longer than 64 characters")
-    if len(env.device_id) > 128:
-        raise ProtocolError("device id longer than 128 characters")
+    if not env.id or len(env.id) > MAX_MESSAGE_ID_CHARS:
+        raise ProtocolError(f"envelope id missing or longer than {MAX_MESSAGE_ID_CHARS} characters")
+    if len(env.device_id) > MAX_DEVICE_ID_CHARS:
+        raise ProtocolError(f"device id longer than {MAX_DEVICE_ID_CHARS} characters")
     kind_of(env)

@@ -31,6 +31,7 @@ from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from protos.errors import ProtocolError
+from protos.limits import DEVICE_ID_PATTERN, MAX_LABEL_KEY_CHARS, MAX_LABEL_VALUE_CHARS
 
 __all__ = [
     "CHUNK_CONTENT_TYPE",
@@ -52,14 +53,16 @@ UP_KINDS = frozenset({"register", "heartbeat", "reported", "telemetry", "ack", "
 DOWN_KINDS = frozenset({"welcome", "desired", "ack", "error", "fetch"})
 STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
-#: MQTT 5 content types of fetch responses: a FetchChunk, or an Error (codes
-#: ``not-found``, ``too-large``, ``refused``, ``unknown-device``).
+#: MQTT 5 content types of fetch responses: a FetchChunk, or an Error (its code
+#: one of :class:`protos.fetch.FetchErrorCode`).
 CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
 ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
 
-_DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DEVICE_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 _LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_LABEL_LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}=[A-Za-z0-9._-]{1,64}$")
+_LABEL_LEVEL_RE = re.compile(
+    rf"^[A-Za-z0-9._-]{{1,{MAX_LABEL_KEY_CHARS}}}=[A-Za-z0-9._-]{{1,{MAX_LABEL_VALUE_CHARS}}}$"
+)
 _MAX_PREFIX = 128
 _MAX_SESSION_EXPIRY = 2**32 - 1
 Area = Literal["up", "down", "status"]

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from protos.limits import MAX_PATH_CHARS, MAX_VERSION_CHARS
 from skills.errors import ManifestError
 
 __all__ = [
@@ -24,9 +25,6 @@ __all__ = [
     "parse_version",
     "table_list",
 ]
-
-MAX_VERSION_CHARS = 64
-MAX_PATH_CHARS = 255
 
 _VERSION_RE = re.compile(
     r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"

@@ -146,7 +146,10 @@ class Resources:
     """Resource limits for the skill's control process.
 
     Attributes:
-        memory_mb: Address-space cap in MiB.
+        memory_mb: Resident-memory cap in MiB of the control process and everything it
+            starts, enforced as asked (the agent kills the skill above it). There is no
+            floor: the interpreter and numpy alone keep ~30 MiB resident and ONNX Runtime
+            ~60 MiB more, so a value below ~100 fails the health check of most skills.
         cpu_seconds: CPU time cap; 0 means unlimited.
         startup_timeout_s: Time the skill has to become ready.
         max_open_files: Cap on open file descriptors.

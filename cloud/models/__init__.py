@@ -1,6 +1,9 @@
 """The hub's model factory: data set versions, training jobs, compressed variants,
 per-target artefacts and their lineage, with model files in a content-addressed blob store.
 
+The factory (jobs runner, blobs, builds, data sets) lives here; its records and
+tables sit with the other tables in :mod:`cloud.store` (``model_records``,
+``models``, ``jobs``) and are re-exported here for callers of the factory.
 Importing this package does not import torch; the steps that need it load it when run.
 """
 
@@ -8,7 +11,7 @@ from cloud.models.blobs import BlobStore
 from cloud.models.errors import BlobError, FactoryError, JobError
 from cloud.models.factory import ModelFactory
 from cloud.models.jobs import JobRunner
-from cloud.models.records import (
+from cloud.store.model_records import (
     JOB_FAILED,
     JOB_QUEUED,
     JOB_RUNNING,
@@ -27,7 +30,7 @@ from cloud.models.records import (
     VariantMetrics,
     VariantRecord,
 )
-from cloud.models.registry import ModelRegistry
+from cloud.store.models import ModelTables
 
 __all__ = [
     "JOB_FAILED",
@@ -50,7 +53,7 @@ __all__ = [
     "ModelDraft",
     "ModelFactory",
     "ModelRecord",
-    "ModelRegistry",
+    "ModelTables",
     "VariantDraft",
     "VariantMetrics",
     "VariantRecord",

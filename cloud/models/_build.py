@@ -18,7 +18,7 @@ from torch import nn
 
 from cloud.models.blobs import BlobStore
 from cloud.models.errors import FactoryError
-from cloud.models.records import (
+from cloud.store.model_records import (
     ArtifactDraft,
     ArtifactFile,
     ModelDraft,

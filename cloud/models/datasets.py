@@ -13,9 +13,9 @@ from pathlib import Path
 
 from cloud.errors import ValidationError
 from cloud.models.errors import FactoryError
-from cloud.models.records import DatasetRecord
-from cloud.models.registry import ModelRegistry
-from cloud.store import _validate as check
+from cloud.store import checks as check
+from cloud.store.model_records import DatasetRecord
+from cloud.store.models import ModelTables
 from converters.datasets import (
     BUILTIN_DATASETS,
     DatasetCaps,
@@ -34,7 +34,7 @@ __all__ = ["DATASETS_DIR", "dataset_source", "load_split", "register_builtin", "
 DATASETS_DIR = "datasets"
 
 
-def register_builtin(registry: ModelRegistry, name: str) -> DatasetRecord:
+def register_builtin(tables: ModelTables, name: str) -> DatasetRecord:
     """Record a built-in data set (``digits``) as a version.
 
     Raises:
@@ -45,14 +45,14 @@ def register_builtin(registry: ModelRegistry, name: str) -> DatasetRecord:
         data = builtin_dataset(name)
     except ConverterError as exc:
         raise FactoryError(str(exc)) from exc
-    return registry.add_dataset(
+    return tables.add_dataset(
         name, kind="builtin", location=name, content_hash=data.content_hash,
         classes=data.classes, samples=len(data.y), now_ms=now_ms(),
     )  # fmt: skip
 
 
 def register_folder(
-    registry: ModelRegistry,
+    tables: ModelTables,
     home: Path,
     folder: Path,
     *,
@@ -65,7 +65,7 @@ def register_folder(
     content again returns the existing version.
 
     Args:
-        registry: Where the version is recorded.
+        tables: Where the version is recorded.
         home: The hub home.
         folder: ``<folder>/<class>/<image>``.
         name: Data set name (default: the folder's name).
@@ -86,7 +86,7 @@ def register_folder(
         raise FactoryError(f"data set {folder}: {exc}") from exc
     except OSError as exc:
         raise FactoryError(f"cannot copy data set {folder}: {exc}") from exc
-    return registry.add_dataset(
+    return tables.add_dataset(
         name, kind="folder", location=snapshot.relative_to(home).as_posix(),
         content_hash=data.content_hash, classes=data.classes, samples=len(data.y),
         now_ms=now_ms(),

@@ -1,10 +1,10 @@
 """The model factory on a hub home: data sets, training jobs, compression, conversion, lineage.
 
 Open it with :meth:`ModelFactory.for_hub` (or from a home and a store). Files go
-to the home's content-addressed blob store; records to the registry. Each step
-builds everything in a temporary folder first and records it in one
-transaction, so a failed step (a corrupt model, a failed check, a missing
-tool) leaves no record behind.
+to the home's content-addressed blob store; records to the store's model tables
+(:class:`cloud.store.models.ModelTables`). Each step builds everything in a
+temporary folder first and records it in one transaction, so a failed step (a
+corrupt model, a failed check, a missing tool) leaves no record behind.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from cloud.errors import ConflictError, NotFoundError, ValidationError
 from cloud.models.blobs import BlobStore
 from cloud.models.errors import FactoryError
 from cloud.models.jobs import JobRunner, ProgressFn
-from cloud.models.records import (
+from cloud.store import checks as check
+from cloud.store.model_records import (
     JOB_SUCCEEDED,
     ArtifactRecord,
     DatasetRecord,
@@ -29,8 +30,7 @@ from cloud.models.records import (
     VariantMetrics,
     VariantRecord,
 )
-from cloud.models.registry import ModelRegistry
-from cloud.store import _validate as check
+from cloud.store.models import ModelTables
 from protos.envelope import now_ms
 
 if TYPE_CHECKING:
@@ -52,9 +52,9 @@ class ModelFactory:
     def __init__(self, home: Path, store: Store) -> None:
         """Use the hub home ``home`` and its open ``store``."""
         self.home = home
-        self.registry = ModelRegistry(store.engine)
+        self.tables = ModelTables(store.engine)
         self.blobs = BlobStore(home / BLOBS_DIR)
-        self.jobs = JobRunner(home, self.registry)
+        self.jobs = JobRunner(home, self.tables)
 
     @classmethod
     def for_hub(cls, hub: Hub) -> ModelFactory:
@@ -72,7 +72,7 @@ class ModelFactory:
         """
         from cloud.models.datasets import register_builtin  # noqa: PLC0415 - torch
 
-        return register_builtin(self.registry, name)
+        return register_builtin(self.tables, name)
 
     def add_folder_dataset(self, folder: Path, *, name: str | None = None) -> DatasetRecord:
         """Snapshot and record a folder-per-class data set version.
@@ -84,12 +84,12 @@ class ModelFactory:
         """
         from cloud.models.datasets import register_folder  # noqa: PLC0415 - torch
 
-        return register_folder(self.registry, self.home, folder, name=name)
+        return register_folder(self.tables, self.home, folder, name=name)
 
     def _split(self, dataset_id: int, image_size: int, seed: int) -> DigitsData:
         from cloud.models.datasets import load_split  # noqa: PLC0415 - torch
 
-        dataset = self.registry.get_dataset(dataset_id)
+        dataset = self.tables.get_dataset(dataset_id)
         return load_split(self.home, dataset, image_size=image_size, seed=seed)
 
     # training
@@ -122,7 +122,7 @@ class ModelFactory:
         from converters.fit import TrainConfig  # noqa: PLC0415
         from converters.training import JobSpec  # noqa: PLC0415
 
-        dataset = self.registry.get_dataset(dataset_id)
+        dataset = self.tables.get_dataset(dataset_id)
         if image_size is None:
             image_size = 8 if arch == "digits-cnn" or dataset.kind == "builtin" else 32
         try:
@@ -147,7 +147,7 @@ class ModelFactory:
             As :meth:`JobRunner.run`.
         """
         job = self.jobs.run(job_id, on_progress=on_progress, pause_s=pause_s)
-        model = self.registry.get_model(job.model_name) if job.status == JOB_SUCCEEDED else None
+        model = self.tables.get_model(job.model_name) if job.status == JOB_SUCCEEDED else None
         return job, model
 
     # models
@@ -180,11 +180,11 @@ class ModelFactory:
         data = None if dataset_id is None else self._split(dataset_id, image_size, split_seed)
         draft = import_file(self.blobs, path, name=name, data=data, image_size=image_size)
         draft = replace(draft, dataset_id=dataset_id, split_seed=split_seed)
-        return self.registry.add_model(draft, now_ms=now_ms())
+        return self.tables.add_model(draft, now_ms=now_ms())
 
     def _name_free(self, name: str) -> None:
         try:
-            self.registry.get_model(name)
+            self.tables.get_model(name)
         except NotFoundError:
             return
         raise ConflictError(f"model name {name!r} is taken")
@@ -222,8 +222,8 @@ class ModelFactory:
                 f"unknown variants {', '.join(unknown) or '(none given)'}; "
                 f"known: {', '.join(VARIANTS)}"
             )
-        model = self.registry.get_model(ref)
-        have = frozenset(v.name for v in self.registry.variants_of(model.id))
+        model = self.tables.get_model(ref)
+        have = frozenset(v.name for v in self.tables.variants_of(model.id))
         clash = sorted(have & (set(variants) - {"float"}))
         if clash:
             raise ConflictError(f"model {model.name} already has variants {', '.join(clash)}")
@@ -235,7 +235,7 @@ class ModelFactory:
         )
         if not drafts:
             return []
-        return self.registry.add_variants(model.id, drafts, now_ms=now_ms())
+        return self.tables.add_variants(model.id, drafts, now_ms=now_ms())
 
     def convert(
         self,
@@ -257,23 +257,23 @@ class ModelFactory:
             FactoryError: A corrupt source, a failed check, or a missing tool.
             StoreError: The database failed.
         """
-        from cloud.models import _codec as codec  # noqa: PLC0415
         from cloud.models._build import convert_variant  # noqa: PLC0415 - torch
+        from cloud.store import model_codec as codec  # noqa: PLC0415
 
         codec.target(target)
         codec.small_int(samples, "sample count", 1, MAX_CHECK_SAMPLES)
-        model = self.registry.get_model(ref)
+        model = self.tables.get_model(ref)
         chosen = self._variant(model, variant)
-        for artifact in self.registry.artifacts_of(chosen.id):
+        for artifact in self.tables.artifacts_of(chosen.id):
             if artifact.target == target:
                 return artifact
         data = self._model_data(model)
         sample = data.test.x[:samples] if data is not None else None
         draft = convert_variant(self.blobs, model, chosen, target, sample, engine=engine)
-        return self.registry.add_artifact(chosen.id, draft, now_ms=now_ms())
+        return self.tables.add_artifact(chosen.id, draft, now_ms=now_ms())
 
     def _variant(self, model: ModelRecord, name: str) -> VariantRecord:
-        for found in self.registry.variants_of(model.id):
+        for found in self.tables.variants_of(model.id):
             if found.name == name:
                 return found
         if name != "float":
@@ -296,7 +296,7 @@ class ModelFactory:
         draft = VariantDraft(
             "float", False, model.onnx_sha256, size, metrics, weights_sha256=model.weights_sha256
         )
-        return self.registry.add_variants(model.id, [draft], now_ms=now_ms())[0]
+        return self.tables.add_variants(model.id, [draft], now_ms=now_ms())[0]
 
     # lineage and blobs
 
@@ -307,7 +307,7 @@ class ModelFactory:
             NotFoundError: No such model.
             StoreError: The database failed.
         """
-        return self.registry.lineage(ref)
+        return self.tables.lineage(ref)
 
     def link_skill_version(self, skill: str, version: str) -> list[ArtifactRecord]:
         """Link a published skill version to the artefacts its bundle ships.
@@ -316,7 +316,7 @@ class ModelFactory:
             NotFoundError: No such skill version.
             StoreError: The database failed.
         """
-        return self.registry.link_skill_version(skill, version)
+        return self.tables.link_skill_version(skill, version)
 
     def export_blob(self, sha256: str, dest: Path) -> Path:
         """Copy a verified model file out of the blob store.

@@ -1,6 +1,6 @@
 """Training jobs as separate processes: submit, start, watch, resume.
 
-A job's record lives in the registry; its work folder ``<home>/jobs/<id>/``
+A job's record lives in the store's model tables; its work folder ``<home>/jobs/<id>/``
 holds the converters package's checkpoint (rewritten every epoch), metrics and
 outputs. The worker process (:mod:`cloud.models.worker`) holds an exclusive
 lock on ``<folder>/.lock`` while it runs, which is how anyone can tell a live
@@ -22,14 +22,14 @@ from pathlib import Path
 
 from cloud.errors import ConflictError, ValidationError
 from cloud.models.errors import JobError
-from cloud.models.records import (
+from cloud.store.model_records import (
     JOB_RUNNING,
     JOB_SUCCEEDED,
     DatasetRecord,
     EpochRecord,
     JobRecord,
 )
-from cloud.models.registry import ModelRegistry
+from cloud.store.models import ModelTables
 from protos.envelope import now_ms
 
 __all__ = [
@@ -85,10 +85,10 @@ def _describe_exit(code: int | None) -> str:
 class JobRunner:
     """Starts training jobs in worker processes and follows them."""
 
-    def __init__(self, home: Path, registry: ModelRegistry) -> None:
-        """Run jobs of the hub at ``home`` recorded in ``registry``."""
+    def __init__(self, home: Path, tables: ModelTables) -> None:
+        """Run jobs of the hub at ``home`` recorded in ``tables``."""
         self.home = home
-        self.registry = registry
+        self.tables = tables
 
     def workdir(self, job_id: int) -> Path:
         """The job's work folder."""
@@ -113,7 +113,7 @@ class JobRunner:
         train = options.get("train")
         if not isinstance(train, dict) or not isinstance(options.get("arch"), str):
             raise ValidationError("a job spec needs 'arch' and 'train' options")
-        return self.registry.create_job(
+        return self.tables.create_job(
             dataset.id, arch=str(options["arch"]), spec=options,
             epochs=int(train.get("epochs", 0)), now_ms=now_ms(), model_name=model_name,
         )  # fmt: skip
@@ -140,7 +140,7 @@ class JobRunner:
             ConflictError: The job already succeeded.
             JobError: A process is running it now, or the worker cannot start.
         """
-        job = self.registry.get_job(job_id)
+        job = self.tables.get_job(job_id)
         if job.status == JOB_SUCCEEDED:
             raise ConflictError(f"training job {job_id} already succeeded")
         if self.is_alive(job_id):
@@ -185,7 +185,7 @@ class JobRunner:
         try:
             while True:
                 code = proc.poll()
-                epochs = self.registry.job_epochs(job_id)
+                epochs = self.tables.job_epochs(job_id)
                 if on_progress is not None and len(epochs) != seen:
                     seen = len(epochs)
                     on_progress(epochs)
@@ -226,10 +226,10 @@ class JobRunner:
     def _settle(self, job_id: int, code: int | None) -> JobRecord:
         if code == LOCK_BUSY_EXIT:
             raise JobError(f"training job {job_id} was already running in another process")
-        job = self.registry.get_job(job_id)
+        job = self.tables.get_job(job_id)
         if job.status != JOB_RUNNING or self.is_alive(job_id):
             return job
-        done = len(self.registry.job_epochs(job_id))
+        done = len(self.tables.job_epochs(job_id))
         how = _describe_exit(code) if code is not None else "is gone"
         message = (
             f"the job process {how} after {done} of {job.epochs} epochs; "
@@ -237,9 +237,9 @@ class JobRunner:
             f"(its log: {self.workdir(job_id) / 'worker.log'})"
         )
         try:
-            return self.registry.fail_job(job_id, message, now_ms=now_ms())
+            return self.tables.fail_job(job_id, message, now_ms=now_ms())
         except ConflictError:  # it succeeded in the meantime
-            return self.registry.get_job(job_id)
+            return self.tables.get_job(job_id)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -2,7 +2,7 @@
 
 It holds the job folder's lock, marks the job running, trains with the
 converters package (a checkpoint every epoch, resuming from the last one),
-copies each epoch's metrics into the registry, and finally stores the model's
+copies each epoch's metrics into the model tables, and finally stores the model's
 blobs and records the model and the job's success in one transaction. A
 failure is recorded on the job; a kill leaves the job ``running`` until the
 runner (or anyone calling :meth:`JobRunner.refresh`) notices the lock is free.
@@ -23,9 +23,9 @@ from cloud.models.blobs import BlobStore
 from cloud.models.datasets import dataset_source
 from cloud.models.errors import FactoryError
 from cloud.models.jobs import JOBS_DIR, LOCK_BUSY_EXIT, job_lock
-from cloud.models.records import EpochRecord, JobRecord, ModelDraft
-from cloud.models.registry import ModelRegistry
 from cloud.store import open_store
+from cloud.store.model_records import EpochRecord, JobRecord, ModelDraft
+from cloud.store.models import ModelTables
 from protos.envelope import now_ms
 
 if TYPE_CHECKING:
@@ -53,36 +53,36 @@ def run_worker(home: Path, job_id: int, *, pause_s: float = 0.0) -> int:
         sys.stderr.write(f"cannot open the hub at {home}: {exc}\n")
         return 2
     try:
-        registry = ModelRegistry(store.engine)
+        tables = ModelTables(store.engine)
         with job_lock(home / JOBS_DIR / str(job_id)) as held:
             if not held:
                 sys.stderr.write(f"training job {job_id} is running in another process\n")
                 return LOCK_BUSY_EXIT
             try:
-                job = registry.mark_running(job_id, pid=os.getpid(), now_ms=now_ms())
+                job = tables.mark_running(job_id, pid=os.getpid(), now_ms=now_ms())
             except HubError as exc:
                 sys.stderr.write(f"training job {job_id} cannot run: {exc}\n")
                 return 2
-            return _train(home, registry, job, pause_s)
+            return _train(home, tables, job, pause_s)
     finally:
         store.close()
 
 
-def _train(home: Path, registry: ModelRegistry, job: JobRecord, pause_s: float) -> int:
+def _train(home: Path, tables: ModelTables, job: JobRecord, pause_s: float) -> int:
     # Imported here: torch loads only in the worker, never in a process that only watches.
     from converters.errors import ConverterError  # noqa: PLC0415
     from converters.training import JobSpec, read_metrics, run_job  # noqa: PLC0415
 
     workdir = home / JOBS_DIR / str(job.id)
     try:
-        dataset = registry.get_dataset(job.dataset_id)
+        dataset = tables.get_dataset(job.dataset_id)
         spec = JobSpec.from_dict(
             {**job.spec, "dataset": dataset_source(home, dataset), "pause_s": pause_s}
         )
         result = run_job(
             spec,
             workdir,
-            on_epoch=lambda _m: registry.replace_epochs(job.id, _epochs(read_metrics(workdir))),
+            on_epoch=lambda _m: tables.replace_epochs(job.id, _epochs(read_metrics(workdir))),
         )
         if result.dataset_hash != dataset.content_hash:
             raise FactoryError(f"data set {dataset.name} v{dataset.version} changed on disk")
@@ -95,19 +95,19 @@ def _train(home: Path, registry: ModelRegistry, job: JobRecord, pause_s: float) 
             test_accuracy=result.test_accuracy, dataset_id=dataset.id,
             split_seed=spec.split_seed,
         )  # fmt: skip
-        model = registry.finish_job(
+        model = tables.finish_job(
             job.id, draft, epochs=_epochs(result.metrics),
             resumed_from_epoch=result.resumed_from_epoch, now_ms=now_ms(),
         )  # fmt: skip
     except (ConverterError, HubError) as exc:
-        return _record_failure(registry, job.id, exc)
+        return _record_failure(tables, job.id, exc)
     sys.stdout.write(f"job {job.id}: model {model.id} ({model.name}) recorded\n")
     return 0
 
 
-def _record_failure(registry: ModelRegistry, job_id: int, exc: Exception) -> int:
+def _record_failure(tables: ModelTables, job_id: int, exc: Exception) -> int:
     try:
-        registry.fail_job(job_id, f"{type(exc).__name__}: {exc}", now_ms=now_ms())
+        tables.fail_job(job_id, f"{type(exc).__name__}: {exc}", now_ms=now_ms())
     except (ConflictError, HubError) as store_exc:
         sys.stderr.write(
             f"training job {job_id} failed ({exc}); recording it failed: {store_exc}\n"

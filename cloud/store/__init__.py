@@ -1,4 +1,4 @@
-"""The hub's registry store (SQLAlchemy + Alembic; SQLite or PostgreSQL).
+"""The hub's store (SQLAlchemy + Alembic; SQLite or PostgreSQL).
 
 Open it with :func:`open_store`; every :class:`Store` method is one
 transaction and returns frozen records from :mod:`cloud.store.records`.
@@ -12,6 +12,7 @@ from cloud.store.records import (
     DesiredSkill,
     DeviceRecord,
     DeviceSkillSummary,
+    DeviceStateRecord,
     GroupRecord,
     ReportedRecord,
     SkillStatusRecord,
@@ -28,6 +29,7 @@ __all__ = [
     "DesiredSkill",
     "DeviceRecord",
     "DeviceSkillSummary",
+    "DeviceStateRecord",
     "GroupRecord",
     "ReportedRecord",
     "SkillStatusRecord",

@@ -1,25 +1,23 @@
-"""Desired state: which skill versions the hub wants on which device.
+"""Desired state in the database: the rollout rule's input read, its output stored.
 
-The rule is level-triggered and has no memory: for each skill name, the
-newest active deployment of that skill whose group selects the device wins.
-Newest means the highest deployment id, so deploying an older version after
-a newer one is a deliberate rollback and wins. The computed set is stored per
-device as canonical JSON with a generation number that grows only when the
-JSON changes, so agents can compare one integer.
+The rule itself is :mod:`cloud.rollout` (pure). Here the active deployments
+and device labels are read, the rule applied, and each device's result stored
+as canonical JSON with a generation number that grows only when the JSON
+changes, so agents can compare one integer.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import ColumnElement, Connection, and_, bindparam, exists, select, true, update
 
 from cloud.errors import StoreError, ValidationError
-from cloud.selectors import matches, parse_selector
-from cloud.store.records import DEPLOYMENT_ACTIVE, DesiredSkill
+from cloud.rollout import ActiveDeployment, DesiredSkill, compute_fleet
+from cloud.selectors import parse_selector
+from cloud.store.records import DEPLOYMENT_ACTIVE
 from cloud.store.schema import (
     deployments,
     desired_states,
@@ -30,47 +28,11 @@ from cloud.store.schema import (
 )
 
 __all__ = [
-    "ActiveDeployment",
-    "compute_desired",
     "decode_skills",
     "encode_skills",
     "recompute",
     "selector_clause",
 ]
-
-
-@dataclass(frozen=True)
-class ActiveDeployment:
-    """What the desired-state rule needs to know about one active deployment."""
-
-    id: int
-    skill: str
-    version: str
-    target_name: str
-    selector: Mapping[str, str]
-    config: Mapping[str, str]
-
-
-def compute_desired(
-    labels: Mapping[str, str], active: Iterable[ActiveDeployment]
-) -> tuple[DesiredSkill, ...]:
-    """Apply the desired-state rule to one device.
-
-    Args:
-        labels: The device's labels.
-        active: Every active deployment, in any order.
-
-    Returns:
-        The desired skills, sorted by name.
-    """
-    chosen: dict[str, ActiveDeployment] = {}
-    for dep in sorted(active, key=lambda d: d.id, reverse=True):
-        if dep.skill not in chosen and matches(dep.selector, labels):
-            chosen[dep.skill] = dep
-    return tuple(
-        DesiredSkill(dep.skill, dep.version, dep.target_name, dict(dep.config))
-        for _, dep in sorted(chosen.items())
-    )
 
 
 def encode_skills(skills: Sequence[DesiredSkill]) -> str:
@@ -124,6 +86,7 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
             skill_versions.c.target_name,
             device_groups.c.selector,
             deployments.c.config,
+            deployments.c.strategy,
         )
         .join(device_groups, device_groups.c.name == deployments.c.group_name)
         .join(
@@ -140,11 +103,15 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
         try:
             selector = parse_selector(row.selector)
             config = json.loads(row.config)
+            active.append(
+                ActiveDeployment(
+                    row.id, row.skill, row.version, row.target_name, selector, config, row.strategy
+                )
+            )
         except (ValidationError, ValueError) as exc:
-            raise StoreError(f"deployment {row.id} has a corrupt group or config: {exc}") from exc
-        active.append(
-            ActiveDeployment(row.id, row.skill, row.version, row.target_name, selector, config)
-        )
+            raise StoreError(
+                f"deployment {row.id} has a corrupt group, config or strategy: {exc}"
+            ) from exc
     return active
 
 
@@ -173,11 +140,12 @@ def recompute(conn: Connection, which: ColumnElement[bool]) -> int:
         state.device_id: (state.generation, state.skills)
         for state in conn.execute(select(desired_states).where(desired_states.c.device_id.in_(ids)))
     }
+    wanted = compute_fleet({d: labels[d] for d in conn.execute(ids).scalars()}, active)
     empty = encode_skills(())
     inserts: list[dict[str, object]] = []
     updates: list[dict[str, object]] = []
-    for device_id in conn.execute(ids).scalars():
-        skills = encode_skills(compute_desired(labels[device_id], active))
+    for device_id, desired in wanted.items():
+        skills = encode_skills(desired)
         generation, stored = current.get(device_id, (0, empty))
         if skills == stored:
             continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cloud.rollout import DesiredSkill
+
 __all__ = [
     "DEPLOYMENT_ABORTED",
     "DEPLOYMENT_ACTIVE",
@@ -13,6 +15,7 @@ __all__ = [
     "DesiredSkill",
     "DeviceRecord",
     "DeviceSkillSummary",
+    "DeviceStateRecord",
     "GroupRecord",
     "ReportedRecord",
     "SkillStatusRecord",
@@ -46,7 +49,7 @@ class GroupRecord:
 
 @dataclass(frozen=True)
 class SkillVersionRecord:
-    """One immutable skill bundle in the registry."""
+    """One immutable skill bundle the hub publishes."""
 
     name: str
     version: str
@@ -69,16 +72,6 @@ class DeploymentRecord:
     config: dict[str, str]
     state: str
     created_ms: int
-
-
-@dataclass(frozen=True)
-class DesiredSkill:
-    """One skill the hub wants on a device."""
-
-    name: str
-    version: str
-    target_name: str
-    config: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -111,6 +104,15 @@ class ReportedRecord:
     generation: int
     skills: tuple[SkillStatusRecord, ...]
     reported_ms: int
+
+
+@dataclass(frozen=True)
+class DeviceStateRecord:
+    """A device with its desired generation (0 when nothing was desired) and last report."""
+
+    device: DeviceRecord
+    desired_generation: int
+    reported: ReportedRecord | None
 
 
 @dataclass(frozen=True)

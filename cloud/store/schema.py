@@ -1,4 +1,4 @@
-"""Tables of the registry store.
+"""Tables of the hub's store (the model factory's are in :mod:`cloud.store.models_schema`).
 
 This metadata is the model Alembic's migrations must match; a test compares
 them. Change a table here, then add a migration under ``cloud/migrations``.

@@ -1,4 +1,8 @@
-"""The hub's registry store: devices, groups, skills, deployments and their state.
+"""The hub's store: devices, groups, skills, deployments, their state and telemetry.
+
+The tables are split by concept (:mod:`cloud.store.devices`,
+:mod:`cloud.store.skills`, :mod:`cloud.store.state`); :class:`Store` joins them
+and adds deployments and telemetry.
 
 Every public method is one database transaction and returns frozen records.
 Input is validated before anything is written; any failure inside a
@@ -10,35 +14,44 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, select, update
+from sqlalchemy import ColumnElement, Connection, Row, select, update
 
 from cloud.errors import NotFoundError, StoreError, ValidationError
+from cloud.rollout import Strategy, parse_strategy
 from cloud.selectors import parse_selector
-from cloud.store import _validate as check
+from cloud.store import checks as check
 from cloud.store import telemetry as tele
-from cloud.store.desired import decode_skills, recompute, selector_clause
+from cloud.store.desired import recompute, selector_clause
+from cloud.store.devices import DeviceTables
 from cloud.store.engine import create_store_engine, upgrade_schema
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
     DEPLOYMENT_ACTIVE,
     DeploymentRecord,
-    DesiredRecord,
     DeviceSkillSummary,
-    ReportedRecord,
-    SkillStatusRecord,
     TelemetryRecord,
 )
-from cloud.store.registry import Registry, deployment_record
-from cloud.store.schema import (
-    deployments,
-    desired_states,
-    device_groups,
-    devices,
-    reported_states,
-)
+from cloud.store.schema import deployments, device_groups
+from cloud.store.skills import SkillTables
+from cloud.store.state import StateTables
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "deployment_record", "open_store"]
+
+
+def deployment_record(row: Row[Any]) -> DeploymentRecord:
+    """Turn a ``deployments`` row into a record."""
+    return DeploymentRecord(
+        row.id,
+        row.skill,
+        row.version,
+        row.group_name,
+        row.strategy,
+        json.loads(row.config),
+        row.state,
+        row.created_ms,
+    )
 
 
 def open_store(url: str) -> Store:
@@ -75,8 +88,8 @@ def _group_clause(conn: Connection, group: str) -> ColumnElement[bool]:
         raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
 
 
-class Store(Registry):
-    """The hub's registry; build it with :func:`open_store`.
+class Store(DeviceTables, SkillTables, StateTables):
+    """The hub's store; build it with :func:`open_store`.
 
     Safe to share between threads (each call checks out its own connection)
     and between processes on the same database.
@@ -90,7 +103,7 @@ class Store(Registry):
         version: str,
         group: str,
         *,
-        strategy: str = "all-at-once",
+        strategy: str | Strategy = Strategy.ALL_AT_ONCE,
         config: Mapping[str, str] | None = None,
         now_ms: int,
     ) -> DeploymentRecord:
@@ -99,18 +112,18 @@ class Store(Registry):
         The deployment row and every desired-state change commit together or not at all.
 
         Raises:
-            ValidationError: A malformed strategy or config.
+            ValidationError: A strategy the rollout rule does not know, or a malformed config.
             NotFoundError: The skill version or the group does not exist.
             StoreError: The database failed or holds corrupt data.
         """
-        check.strategy(strategy)
+        strategy = parse_strategy(strategy)
         values = check.config(config)
         check.counter(now_ms, "now_ms")
         row = {
             "skill": skill,
             "version": version,
             "group_name": group,
-            "strategy": strategy,
+            "strategy": strategy.value,
             "config": json.dumps(values, sort_keys=True),
             "state": DEPLOYMENT_ACTIVE,
             "created_ms": now_ms,
@@ -122,7 +135,7 @@ class Store(Registry):
             deployment_id = result.scalar_one()
             recompute(conn, which)
         return DeploymentRecord(
-            deployment_id, skill, version, group, strategy, values, DEPLOYMENT_ACTIVE, now_ms
+            deployment_id, skill, version, group, strategy.value, values, DEPLOYMENT_ACTIVE, now_ms
         )
 
     def get_deployment(self, deployment_id: int) -> DeploymentRecord:
@@ -174,117 +187,6 @@ class Store(Registry):
             )
             recompute(conn, _group_clause(conn, found.group))
         return DeploymentRecord(**{**asdict(found), "state": DEPLOYMENT_ABORTED})
-
-    # desired and reported state
-
-    def desired_for(self, device_id: str) -> DesiredRecord:
-        """Return what the hub wants on a device (generation 0 and nothing if unknown).
-
-        Raises:
-            StoreError: The database failed or holds corrupt data.
-        """
-        query = select(desired_states).where(desired_states.c.device_id == device_id)
-        with self._tx() as conn:
-            row = conn.execute(query).first()
-        if row is None:
-            return DesiredRecord(device_id, 0, ())
-        return DesiredRecord(device_id, row.generation, decode_skills(row.skills))
-
-    def desired_generations(self) -> dict[str, int]:
-        """Every registered device's desired generation (0 when nothing was ever desired).
-
-        One query for the whole fleet, so a hub can poll it for changes.
-
-        Raises:
-            StoreError: The database failed.
-        """
-        joined = devices.outerjoin(
-            desired_states, desired_states.c.device_id == devices.c.device_id
-        )
-        query = select(devices.c.device_id, desired_states.c.generation).select_from(joined)
-        with self._tx() as conn:
-            return {row.device_id: int(row.generation or 0) for row in conn.execute(query)}
-
-    def desired_many(self, device_ids: Sequence[str]) -> list[DesiredRecord]:
-        """Return the desired state of several devices, in one query per 500 ids.
-
-        Devices with no stored desired state get generation 0 and no skills.
-
-        Raises:
-            StoreError: The database failed or holds corrupt data.
-        """
-        ids = list(dict.fromkeys(device_ids))
-        found: dict[str, DesiredRecord] = {}
-        with self._tx() as conn:
-            for start in range(0, len(ids), 500):
-                batch = ids[start : start + 500]
-                query = select(desired_states).where(desired_states.c.device_id.in_(batch))
-                for row in conn.execute(query):
-                    found[row.device_id] = DesiredRecord(
-                        row.device_id, row.generation, decode_skills(row.skills)
-                    )
-        return [found.get(d, DesiredRecord(d, 0, ())) for d in ids]
-
-    def save_report(
-        self,
-        device_id: str,
-        generation: int,
-        skills: Sequence[SkillStatusRecord],
-        *,
-        now_ms: int,
-    ) -> None:
-        """Store a device's report of its skills, replacing an older one.
-
-        ``now_ms`` is when the device made the report. A report that arrives late
-        (redelivered after a newer one) changes nothing: it replaces the stored one
-        only when it answers a newer desired generation, or the same one and was
-        made no earlier.
-
-        Raises:
-            ValidationError: A malformed id, generation, time or status.
-            NotFoundError: The device never registered.
-            StoreError: The database failed.
-        """
-        check.device_id(device_id)
-        check.counter(generation, "generation")
-        check.counter(now_ms, "now_ms")
-        encoded = json.dumps([asdict(s) for s in check.statuses(skills)], sort_keys=True)
-        values = {"generation": generation, "skills": encoded, "reported_ms": now_ms}
-        stmt = (
-            self._dialect.insert(reported_states)
-            .values(device_id=device_id, **values)
-            .on_conflict_do_update(
-                index_elements=["device_id"],
-                set_=values,
-                where=(reported_states.c.generation < generation)
-                | (
-                    (reported_states.c.generation == generation)
-                    & (reported_states.c.reported_ms <= now_ms)
-                ),
-            )
-        )
-        with self._tx(write=True) as conn:
-            known = select(devices.c.device_id).where(devices.c.device_id == device_id)
-            if conn.execute(known).first() is None:
-                raise NotFoundError(f"no device {device_id!r}")
-            conn.execute(stmt)
-
-    def reported_for(self, device_id: str) -> ReportedRecord | None:
-        """Return a device's latest report, or None if it never reported.
-
-        Raises:
-            StoreError: The database failed or holds corrupt data.
-        """
-        query = select(reported_states).where(reported_states.c.device_id == device_id)
-        with self._tx() as conn:
-            row = conn.execute(query).first()
-        if row is None:
-            return None
-        try:
-            skills = tuple(SkillStatusRecord(**item) for item in json.loads(row.skills))
-        except (ValueError, TypeError) as exc:
-            raise StoreError(f"stored report of {device_id!r} is corrupt: {exc}") from exc
-        return ReportedRecord(device_id, row.generation, skills, row.reported_ms)
 
     # telemetry
 

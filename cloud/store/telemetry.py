@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Row, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from cloud.errors import StoreError, ValidationError
-from cloud.store import _validate as check
+from cloud.store import checks as check
 from cloud.store.records import DeviceSkillSummary, TelemetryRecord
 from cloud.store.schema import telemetry
 

@@ -5,6 +5,11 @@ in ``EDGESKILL_*`` variables; the worker applies them to itself first thing,
 before any skill code is imported. (Setting them in the parent between fork
 and exec would need ``preexec_fn``, which is unsafe in a threaded agent.)
 Soft and hard limits are set equal so skill code cannot raise them again.
+
+Memory is the exception: the manifest's ``memory_mb`` caps *resident* memory,
+which no rlimit measures, so the parent enforces it
+(:class:`edge_agent.sandbox.memory.MemoryWatchdog`); the value still crosses
+into the worker so that it is visible there.
 """
 
 from __future__ import annotations
@@ -18,15 +23,10 @@ from edge_agent.sandbox.env import ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES, ENV_MEMO
 
 __all__ = [
     "MAX_FILE_BYTES",
-    "MIN_ADDRESS_SPACE_MB",
     "MIN_OPEN_FILES",
     "SandboxLimits",
 ]
 
-#: ONNX Runtime and OpenVINO reserve a few hundred MiB of address space
-#: (thread stacks, malloc arenas) before a model runs; measured ~360 MiB for ORT
-#: and ~700 MiB for OpenVINO on 2 cores, and it grows with the core count.
-MIN_ADDRESS_SPACE_MB = 2048
 #: Python, numpy and a backend open a few dozen files at start.
 MIN_OPEN_FILES = 64
 #: Largest file the process may write, its log included.
@@ -59,7 +59,8 @@ class SandboxLimits:
     """Limits applied to one control process.
 
     Attributes:
-        memory_mb: Address-space limit, MiB (already raised to the floor).
+        memory_mb: Resident-memory limit of the process tree, MiB, exactly as the manifest
+            asks; enforced by the parent, not by an rlimit.
         cpu_seconds: CPU-time limit in seconds, counted from the process's start
             (interpreter and library imports take a few tenths); 0 for none.
         max_open_files: File-descriptor limit.
@@ -76,7 +77,7 @@ class SandboxLimits:
         if cpu < resources.cpu_seconds:  # round a fractional limit up, never to 0
             cpu += 1
         return cls(
-            memory_mb=max(int(resources.memory_mb), MIN_ADDRESS_SPACE_MB),
+            memory_mb=int(resources.memory_mb),
             cpu_seconds=max(cpu, 0),
             max_open_files=max(int(resources.max_open_files), MIN_OPEN_FILES),
         )
@@ -105,13 +106,14 @@ class SandboxLimits:
         return cls(memory_mb=values[0], cpu_seconds=values[1], max_open_files=values[2])
 
     def apply(self) -> None:
-        """Set the limits on the calling process (the worker does this at start).
+        """Set the rlimits on the calling process (the worker does this at start).
+
+        Memory is not among them: see the module's docstring.
 
         Raises:
             OSError: The kernel refused a limit.
             ValueError: A limit is out of the kernel's range.
         """
-        _set_limit(resource.RLIMIT_AS, self.memory_mb * 1024 * 1024)
         if self.cpu_seconds > 0:
             _set_limit(resource.RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds + _CPU_GRACE_S)
         _set_limit(resource.RLIMIT_NOFILE, self.max_open_files)

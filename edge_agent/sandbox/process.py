@@ -28,6 +28,7 @@ from edge_agent.errors import HealthCheckError, SandboxError
 from edge_agent.sandbox.env import child_environment, encode_config
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.logfile import SkillLog
+from edge_agent.sandbox.memory import MemoryWatchdog
 from edge_agent.sandbox.protocol import encode_frame, read_frame
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class SkillProcess:
         self._request_lock = threading.Lock()
         self._reap_lock = threading.RLock()
         self._ended: str | None = None
+        self._watchdog: MemoryWatchdog | None = None
+        self._kill_reason: str | None = None
         self._next_id = 0
         #: Events lost because the queue was full or they were not objects.
         self.dropped_events = 0
@@ -248,6 +251,8 @@ class SkillProcess:
         finally:
             log.close()  # the child has its own copy
         assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._watchdog = MemoryWatchdog(self._proc.pid, self._limits.memory_mb, self._killed)
+        self._watchdog.start()
         os.set_blocking(self._proc.stdin.fileno(), False)  # writes honour deadlines
         self._reader = threading.Thread(
             target=self._read_loop,
@@ -296,8 +301,13 @@ class SkillProcess:
                 reason = "closed its pipe"
         except Exception as exc:  # a thread must not die with an exception
             reason = f"broke the pipe protocol: {exc}"
+        reason = self._kill_reason or reason
         self._ended = reason
         self._replies.put(_End(reason))
+
+    def _killed(self, reason: str) -> None:
+        """The memory watchdog's word, given before it kills the group."""
+        self._kill_reason = reason
 
     def _add_event(self, event: object) -> None:
         with self._events_lock:
@@ -355,6 +365,8 @@ class SkillProcess:
             proc = self._proc
             if proc is None or proc.returncode is not None:
                 return
+            if self._watchdog is not None:  # before the reap: it signals the group by pid
+                self._watchdog.stop()
             deadline = time.monotonic() + grace_s
             while not self._exited() and time.monotonic() < deadline:
                 time.sleep(_POLL_S)

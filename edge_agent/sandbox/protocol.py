@@ -23,7 +23,7 @@ from edge_agent.errors import SandboxError
 
 __all__ = [
     "MAX_FRAME_BYTES",
-    "ProtocolError",
+    "PipeProtocolError",
     "decode_frame",
     "encode_frame",
     "read_frame",
@@ -37,7 +37,7 @@ _ARRAY_KEY = "__ndarray__"
 _ARRAY_KINDS = frozenset("biufc")
 
 
-class ProtocolError(SandboxError, ValueError):
+class PipeProtocolError(SandboxError, ValueError):
     """A frame is malformed, too large, or cannot be encoded."""
 
 
@@ -45,7 +45,7 @@ def _to_json(value: Any) -> Any:
     """``json.dumps``'s hook for what JSON cannot hold natively."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in _ARRAY_KINDS:
-            raise ProtocolError(f"arrays of dtype {value.dtype} cannot be sent")
+            raise PipeProtocolError(f"arrays of dtype {value.dtype} cannot be sent")
         contiguous = np.ascontiguousarray(value)
         return {
             _ARRAY_KEY: contiguous.dtype.str,
@@ -55,8 +55,8 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (set, frozenset)):
-        raise ProtocolError("sets cannot be sent; use a list")
-    raise ProtocolError(f"values of type {type(value).__name__} cannot be sent")
+        raise PipeProtocolError("sets cannot be sent; use a list")
+    raise PipeProtocolError(f"values of type {type(value).__name__} cannot be sent")
 
 
 def _array_from_json(obj: dict[str, Any]) -> np.ndarray:
@@ -66,13 +66,15 @@ def _array_from_json(obj: dict[str, Any]) -> np.ndarray:
         shape = tuple(obj["shape"])
         raw = base64.b64decode(obj["b64"], validate=True)
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-        raise ProtocolError(f"malformed array: {exc}") from exc
+        raise PipeProtocolError(f"malformed array: {exc}") from exc
     if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or dtype.shape != ():
-        raise ProtocolError(f"arrays of dtype {dtype} are not accepted")
+        raise PipeProtocolError(f"arrays of dtype {dtype} are not accepted")
     if len(shape) > _MAX_NDIM or not all(type(d) is int and d >= 0 for d in shape):
-        raise ProtocolError(f"malformed array shape {list(shape)}")
+        raise PipeProtocolError(f"malformed array shape {list(shape)}")
     if math.prod(shape) * dtype.itemsize != len(raw):
-        raise ProtocolError(f"array of shape {list(shape)} and dtype {dtype} has {len(raw)} bytes")
+        raise PipeProtocolError(
+            f"array of shape {list(shape)} and dtype {dtype} has {len(raw)} bytes"
+        )
     return np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
 
 
@@ -84,15 +86,15 @@ def encode_frame(message: Mapping[str, Any]) -> bytes:
     """Encode one message as a frame (header included).
 
     Raises:
-        ProtocolError: Something in the message cannot be sent, or the frame
+        PipeProtocolError: Something in the message cannot be sent, or the frame
             would exceed :data:`MAX_FRAME_BYTES`.
     """
     try:
         body = json.dumps(message, default=_to_json, separators=(",", ":")).encode("utf-8")
-    except (TypeError, ValueError) as exc:  # ProtocolError is a ValueError
-        raise ProtocolError(f"message cannot be encoded: {exc}") from exc
+    except (TypeError, ValueError) as exc:  # PipeProtocolError is a ValueError
+        raise PipeProtocolError(f"message cannot be encoded: {exc}") from exc
     if len(body) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME_BYTES} cap")
+        raise PipeProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME_BYTES} cap")
     return _HEADER.pack(len(body)) + body
 
 
@@ -100,16 +102,16 @@ def decode_frame(body: bytes) -> dict[str, Any]:
     """Decode a frame's body (header removed) into a message.
 
     Raises:
-        ProtocolError: The body is not a JSON object or holds a malformed array.
+        PipeProtocolError: The body is not a JSON object or holds a malformed array.
     """
     try:
         message = json.loads(body, object_hook=_from_json)
-    except ProtocolError:
+    except PipeProtocolError:
         raise
     except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, huge integers
-        raise ProtocolError(f"frame is not valid JSON: {exc}") from exc
+        raise PipeProtocolError(f"frame is not valid JSON: {exc}") from exc
     if not isinstance(message, dict):
-        raise ProtocolError(f"frame holds a {type(message).__name__}, not an object")
+        raise PipeProtocolError(f"frame holds a {type(message).__name__}, not an object")
     return message
 
 
@@ -117,7 +119,7 @@ def write_frame(stream: IO[bytes], message: Mapping[str, Any]) -> None:
     """Encode and write one frame, then flush.
 
     Raises:
-        ProtocolError: The message cannot be encoded or is too large.
+        PipeProtocolError: The message cannot be encoded or is too large.
         OSError: The stream is closed or broken.
     """
     stream.write(encode_frame(message))
@@ -138,7 +140,7 @@ def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
     """Read one frame; ``None`` at a clean end of stream (between frames).
 
     Raises:
-        ProtocolError: The stream ends inside a frame, a frame is over the cap,
+        PipeProtocolError: The stream ends inside a frame, a frame is over the cap,
             or its body does not decode.
         OSError: The stream is broken.
     """
@@ -146,11 +148,11 @@ def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
     if not header:
         return None
     if len(header) < _HEADER.size:
-        raise ProtocolError("stream ended inside a frame header")
+        raise PipeProtocolError("stream ended inside a frame header")
     (size,) = _HEADER.unpack(header)
     if size > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES} cap")
+        raise PipeProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES} cap")
     body = _read_exactly(stream, size)
     if len(body) < size:
-        raise ProtocolError(f"stream ended {size - len(body)} bytes short of a frame's end")
+        raise PipeProtocolError(f"stream ended {size - len(body)} bytes short of a frame's end")
     return decode_frame(body)

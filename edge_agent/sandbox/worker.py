@@ -25,7 +25,7 @@ from typing import IO, Any
 from edge_agent.runtime import Runtime
 from edge_agent.sandbox.env import ENV_CONFIG, ENV_PRECISIONS, ENV_SKILL_DIR, ENV_TARGETS
 from edge_agent.sandbox.limits import SandboxLimits
-from edge_agent.sandbox.protocol import ProtocolError, encode_frame, read_frame
+from edge_agent.sandbox.protocol import PipeProtocolError, encode_frame, read_frame
 from skills.manifest import Manifest
 from skills.sdk import Model, Skill
 
@@ -56,7 +56,7 @@ class _Channel:
         return cls(os.fdopen(proto_in, "rb"), os.fdopen(proto_out, "wb"))
 
     def send(self, message: Mapping[str, Any]) -> None:
-        """Encode (raising ProtocolError before anything is written) and send a frame."""
+        """Encode (raising PipeProtocolError before anything is written) and send a frame."""
         frame = encode_frame(message)
         with self._lock:
             self._writer.write(frame)
@@ -158,7 +158,7 @@ def _handle(skill: Skill, message: Mapping[str, Any]) -> dict[str, Any]:
 def _reply(channel: _Channel, reply: dict[str, Any]) -> None:
     try:
         channel.send(reply)
-    except ProtocolError as exc:  # the skill returned something that cannot travel
+    except PipeProtocolError as exc:  # the skill returned something that cannot travel
         channel.send({"id": reply.get("id"), "ok": False, "error": f"bad result: {exc}"})
 
 
@@ -174,7 +174,7 @@ def _serve(skill: Skill, channel: _Channel) -> int:
                 _reply(channel, _handle(skill, message))
             else:
                 channel.send({"id": message.get("id"), "ok": False, "error": f"unknown op {op!r}"})
-    except (ProtocolError, OSError):
+    except (PipeProtocolError, OSError):
         _log.exception("the agent's pipe broke")
         status = 2
     try:

@@ -15,11 +15,19 @@ from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
 from protos.envelope import validate_envelope
 from protos.errors import ProtocolError
+from protos.fetch import GRPC_STATUS_NAMES, FetchErrorCode
+from protos.pem import read_pem
 
 _CHUNK_CAP = 4 * 1024 * 1024
-_MAX_PEM_BYTES = 1024 * 1024
 _CLOSE = object()
-_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+#: Refusals asking again would not change: this device may not, or the hub said so for good.
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        *(getattr(grpc.StatusCode, GRPC_STATUS_NAMES[c]) for c in FetchErrorCode if c.final),
+    }
+)
 
 
 def tls_credentials(
@@ -39,21 +47,10 @@ def tls_credentials(
     if (cert is None) != (key is None):
         raise TransportError("a client certificate needs both --cert and --key")
     return grpc.ssl_channel_credentials(
-        root_certificates=_read_pem(ca) if ca is not None else None,
-        private_key=_read_pem(key) if key is not None else None,
-        certificate_chain=_read_pem(cert) if cert is not None else None,
+        root_certificates=read_pem(ca) if ca is not None else None,
+        private_key=read_pem(key) if key is not None else None,
+        certificate_chain=read_pem(cert) if cert is not None else None,
     )
-
-
-def _read_pem(path: Path) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(_MAX_PEM_BYTES + 1)
-    except OSError as exc:
-        raise TransportError(f"cannot read TLS file {path}: {exc}") from exc
-    if not data.strip() or len(data) > _MAX_PEM_BYTES:
-        raise TransportError(f"TLS file {path} is empty or larger than {_MAX_PEM_BYTES} bytes")
-    return data
 
 
 def channel_options() -> list[tuple[str, int]]:
@@ -164,7 +161,7 @@ class GrpcAgentTransport(AgentTransport):
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise FileNotFoundError(path) from exc
             if exc.code() in _REFUSALS:
-                # The hub refused this device; asking again would only be refused again.
+                # Asking again would only be refused again.
                 raise FetchAborted(
                     f"fetch of {path} refused: {exc.code().name} {exc.details()}"
                 ) from exc

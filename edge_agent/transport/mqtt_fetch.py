@@ -15,10 +15,12 @@ from paho.mqtt.properties import Properties
 from edge_agent.errors import TransportError
 from edge_agent.transport.base import FetchAborted
 from protos import pb
+from protos.fetch import WINDOW_PROPERTY, FetchErrorCode
 from protos.topics import ERROR_CONTENT_TYPE, Topics
 
 __all__ = ["MAX_CHUNK_BYTES", "read_chunk", "window_request"]
 
+_FINAL_CODES = frozenset(code.value for code in FetchErrorCode if code.final)
 #: Largest chunk accepted; the broker is also told not to send bigger packets at all.
 MAX_CHUNK_BYTES = 1024 * 1024
 
@@ -34,7 +36,7 @@ def window_request(
     props = Properties(PacketTypes.PUBLISH)
     props.ResponseTopic = topics.down(device_id, "fetch")
     props.CorrelationData = corr
-    props.UserProperty = ("window", str(window))
+    props.UserProperty = (WINDOW_PROPERTY, str(window))
     return topics.up(device_id, "fetch"), req.SerializeToString(), props
 
 
@@ -78,8 +80,8 @@ def _refusal(path: str, payload: bytes) -> Exception:
     err = pb.Error()
     with contextlib.suppress(Exception):  # an unreadable refusal is still a refusal
         err.ParseFromString(payload)
-    if err.code == "not-found":
+    if err.code == FetchErrorCode.NOT_FOUND:
         return FileNotFoundError(path)
-    if err.code in ("too-large", "refused"):  # asking again would get the same answer
+    if err.code in _FINAL_CODES:  # asking again would get the same answer
         return FetchAborted(f"the hub refused {path}: {err.message[:500]}")
     return TransportError(f"the hub refused the fetch of {path}: {err.code} {err.message[:500]}")

@@ -49,10 +49,10 @@ from cloud.hub import Hub
 from edge_agent.transport.base import AgentTransport
 from edge_agent.transport.grpc import GrpcAgentTransport, channel_options
 from edge_agent.transport.mqtt import MqttAgentTransport
-from edgeskill.demo import Fleet, free_port, wait_for_port
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
 from protos.topics import MqttEndpoint
+from tests.support import Fleet, free_port, wait_for_port
 
 RESULTS = Path(__file__).parent / "results" / "transport.json"
 FETCH_BYTES = 5 * 1000 * 1000

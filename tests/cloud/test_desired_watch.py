@@ -1,16 +1,18 @@
-"""One store poll wakes exactly the streams whose desired state changed."""
+"""One store poll wakes exactly the listeners whose desired state changed."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 
-from cloud.desired_watch import DesiredWatch
-from cloud.store import open_store
+from cloud.desired_watch import DesiredNotifier
+from cloud.errors import StoreError
+from cloud.store import Store, open_store
 from protos.envelope import now_ms
 
 
-def test_only_changed_devices_are_woken(tmp_path: Path) -> None:
+def fleet(tmp_path: Path) -> Store:
     store = open_store(f"sqlite:///{tmp_path / 'hub.db'}")
     for dev, kind in (("cam-1", "camera"), ("gw-1", "gateway")):
         store.register_device(dev, {"kind": kind}, {}, now_ms=now_ms())
@@ -24,18 +26,73 @@ def test_only_changed_devices_are_woken(tmp_path: Path) -> None:
         now_ms=now_ms(),
     )
     store.create_group("cams", "kind=camera")
+    return store
+
+
+def test_only_changed_devices_are_woken(tmp_path: Path) -> None:
+    store = fleet(tmp_path)
+
+    async def scenario() -> list[tuple[bool, bool]]:
+        notifier = DesiredNotifier(store.desired_generations)
+        cam, gw = notifier.subscribe("cam-1"), notifier.subscribe("gw-1")
+        woken = []
+        for change in (False, False, True):
+            if change:
+                await asyncio.to_thread(store.create_deployment, "s", "1.0.0", "cams", now_ms=1)
+            assert await notifier.poll_once()
+            woken.append((cam.is_set(), gw.is_set()))
+            cam.clear()
+            gw.clear()
+        return woken
+
+    # The first poll wakes new subscribers once; then only a change wakes, and only its device.
+    assert asyncio.run(scenario()) == [(True, True), (False, False), (True, False)]
+
+
+def test_snapshots_follow_every_poll_and_one_query_serves_all(tmp_path: Path) -> None:
+    store = fleet(tmp_path)
+    calls: list[int] = []
+
+    def poll() -> Mapping[str, int]:
+        calls.append(1)
+        return store.desired_generations()
+
+    async def scenario() -> list[dict[str, int]]:
+        notifier = DesiredNotifier(poll)
+        snaps = notifier.snapshots()
+        first = asyncio.ensure_future(anext(snaps))
+        await asyncio.sleep(0)  # let the reader start waiting
+        subscribers = [notifier.subscribe(f"cam-{i}") for i in range(50)]
+        await notifier.poll_once()
+        got = [await asyncio.wait_for(first, 5)]
+        await asyncio.to_thread(store.create_deployment, "s", "1.0.0", "cams", now_ms=1)
+        await notifier.poll_once()
+        got.append(await asyncio.wait_for(anext(snaps), 5))
+        await snaps.aclose()
+        assert len(subscribers) == 50
+        return got
+
+    assert asyncio.run(scenario()) == [{"cam-1": 0, "gw-1": 0}, {"cam-1": 1, "gw-1": 0}]
+    assert len(calls) == 2
+
+
+def test_a_failed_poll_is_counted_and_wakes_the_fresh_subscriber_later(tmp_path: Path) -> None:
+    store = fleet(tmp_path)
+    failing = [True]
+
+    def poll() -> Mapping[str, int]:
+        if failing[0]:
+            raise StoreError("database is away")
+        return store.desired_generations()
 
     async def scenario() -> tuple[bool, bool]:
-        watch = DesiredWatch(store, interval_s=0.05)
-        cam, gw = watch.subscribe("cam-1"), watch.subscribe("gw-1")
-        await asyncio.sleep(0.2)  # the first poll wakes new subscribers once
-        cam.clear()
-        gw.clear()
-        await asyncio.to_thread(store.create_deployment, "s", "1.0.0", "cams", now_ms=now_ms())
-        await asyncio.wait_for(cam.wait(), 5)
-        await asyncio.sleep(0.2)
-        woke = (cam.is_set(), gw.is_set())
-        await watch.close()
-        return woke
+        notifier = DesiredNotifier(poll)
+        cam = notifier.subscribe("cam-1")
+        assert not await notifier.poll_once()
+        before = cam.is_set()
+        failing[0] = False
+        assert await notifier.poll_once()
+        assert (notifier.failures, notifier.polls) == (1, 1)
+        return before, cam.is_set()
 
-    assert asyncio.run(scenario()) == (True, False)
+    assert asyncio.run(scenario()) == (False, True)

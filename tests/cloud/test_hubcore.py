@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from cloud.hubcore import HubCore
+from cloud.errors import FetchRefusedError, FetchTooLargeError, FetchUnknownDeviceError
+from cloud.hubcore import HubCore, fetch_error_code, running
 from cloud.store import open_store
 from protos import ProtocolError, kind_of, make_envelope, pb
+from protos.fetch import FetchErrorCode
 from skills.trust import TrustRepository
 
 
@@ -100,19 +102,60 @@ def test_fetch_streams_a_file_from_an_offset(core: HubCore) -> None:
     "path", ["../hub.db", "/etc/passwd", "keys/root.pem", "metadata/../keys/root.pem", ""]
 )
 def test_fetch_refuses_paths_outside_the_repository(core: HubCore, path: str) -> None:
-    with pytest.raises((ProtocolError, FileNotFoundError)):
+    with pytest.raises(FetchRefusedError) as info:
         core.open_fetch(path, 0, 10**9)
+    assert fetch_error_code(info.value) == FetchErrorCode.REFUSED
 
 
 def test_fetch_refuses_files_over_the_callers_cap(core: HubCore) -> None:
     (ref,) = core.trust.targets()
-    with pytest.raises(ProtocolError, match="cap"):
+    with pytest.raises(FetchTooLargeError, match="over the 1000 byte cap") as info:
         core.open_fetch(ref.path, 0, 1000)
+    assert fetch_error_code(info.value) == FetchErrorCode.TOO_LARGE
+
+
+@pytest.mark.parametrize("offset", [-1, 256_001])
+def test_fetch_refuses_an_offset_outside_the_file(core: HubCore, offset: int) -> None:
+    (ref,) = core.trust.targets()
+    with pytest.raises(FetchRefusedError, match="outside") as info:
+        core.open_fetch(ref.path, offset, 10**9)
+    assert type(info.value) is FetchRefusedError
+
+
+def test_fetch_error_codes_follow_the_exception_type() -> None:
+    assert fetch_error_code(FileNotFoundError("x")) == FetchErrorCode.NOT_FOUND
+    assert fetch_error_code(FetchUnknownDeviceError("x")) == FetchErrorCode.UNKNOWN_DEVICE
+    # The message does not matter, only the type.
+    assert fetch_error_code(FetchRefusedError("over the cap")) == FetchErrorCode.REFUSED
+    with pytest.raises(TypeError):
+        fetch_error_code(ValueError("too-large"))
 
 
 def test_missing_file_is_not_found(core: HubCore) -> None:
     with pytest.raises(FileNotFoundError):
         core.open_fetch("metadata/99.root.json", 0, 10**6)
+
+
+def test_the_core_names_its_loops_and_running_drives_them(core: HubCore) -> None:
+    assert [name for name, _ in core.loops()] == ["desired-notifier"]
+
+    async def scenario() -> int:
+        async with running(core):
+            async with asyncio.timeout(10):
+                while core.notifier.polls < 2:  # polls every 0.5 s
+                    await asyncio.sleep(0.05)
+        return core.notifier.polls
+
+    polls = asyncio.run(scenario())
+    assert polls >= 2
+    assert core.notifier.failures == 0
+
+
+def test_a_device_known_to_the_store_is_recognised_by_a_fresh_core(core: HubCore) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    fresh = HubCore(core.store, core.trust)  # another hub process on the same store
+    assert asyncio.run(fresh.is_known("cam-1")) is True
+    assert asyncio.run(fresh.is_known("ghost")) is False
 
 
 def report(device_id: str, generation: int, version: str, sent_at_ms: int) -> pb.Envelope:

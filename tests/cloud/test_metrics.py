@@ -14,10 +14,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from cloud.errors import TransportError, ValidationError
 from cloud.hub import Hub
 from cloud.hubcore import HubCore
-from cloud.metrics import parse_bind, start_hub_metrics
+from cloud.loops import LoopHost
+from cloud.metrics import start_hub_metrics
+from cloud.session import DropReason
 from cloud.store import open_store
-from protos import ProtocolError, make_envelope, pb
+from protos import encode_envelope, kind_of, make_envelope, pb
+from protos.metrics_server import MetricsBindError, parse_bind
 from skills.trust import TrustRepository
+from tests.support import async_wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -51,18 +55,15 @@ def core(tmp_path: Path) -> Iterator[HubCore]:
 
 async def _traffic(core: HubCore) -> None:
     reg = pb.Register(labels={"kind": "camera"}, profile=pb.HardwareProfile(arch="x86_64"))
-    await core.register(make_envelope("cam-1", register=reg))
-    await core.register(make_envelope("cam-2", register=reg))
-    await core.disconnected("cam-2")
+    cam1, cam2 = core.session(), core.session()
+    await cam1.open(encode_envelope(make_envelope("cam-1", register=reg)))
+    await cam2.open(encode_envelope(make_envelope("cam-2", register=reg)))
+    await cam2.close()
     good = pb.Telemetry(skill="digits", version="1.0.0", inferences=5)
-    await core.handle("cam-1", make_envelope("cam-1", telemetry=good))
+    (ack,) = await cam1.receive(encode_envelope(make_envelope("cam-1", telemetry=good)))
+    assert kind_of(ack) == "ack"
     bad = pb.Telemetry(skill="digits", version="1.0.0", inferences=1, labelled=2)
-    try:
-        await core.handle("cam-1", make_envelope("cam-1", telemetry=bad))
-    except ProtocolError:
-        core.drop("bad-message")  # what every transport does with a refused message
-    else:
-        raise AssertionError("inconsistent telemetry was accepted")
+    assert await cam1.receive(encode_envelope(make_envelope("cam-1", telemetry=bad))) == []
     await core.close()
 
 
@@ -77,7 +78,7 @@ def test_endpoint_shows_message_drop_telemetry_and_fleet_counts(core: HubCore) -
         server.stop()
     assert after[("edgeskill_hub_messages_total", (("kind", "register"),))] == 2
     assert after[("edgeskill_hub_messages_total", (("kind", "telemetry"),))] == 1
-    assert after[("edgeskill_hub_dropped_total", (("reason", "bad-message"),))] == 1
+    assert after[("edgeskill_hub_dropped_total", (("reason", "invalid"),))] == 1
     assert after[("edgeskill_hub_telemetry_batches_total", ())] == 1
     assert after[("edgeskill_hub_telemetry_items_total", ())] == 1
     assert after[("edgeskill_hub_devices", ())] == 2
@@ -90,7 +91,7 @@ def test_two_hubs_in_one_process_keep_their_own_series(tmp_path: Path, core: Hub
     first = start_hub_metrics(core, core.store, "127.0.0.1:0")
     second = start_hub_metrics(other, other.store, "127.0.0.1:0")
     try:
-        core.drop("oversized")
+        core.drop(DropReason.OVERSIZED)
         assert scrape(first.port)[("edgeskill_hub_dropped_total", (("reason", "oversized"),))] == 1
         assert ("edgeskill_hub_dropped_total", (("reason", "oversized"),)) not in scrape(
             second.port
@@ -101,17 +102,21 @@ def test_two_hubs_in_one_process_keep_their_own_series(tmp_path: Path, core: Hub
         other.store.close()
 
 
-def test_serve_exposes_metrics_only_while_serving(tmp_path: Path) -> None:
+def test_serve_exposes_metrics_leader_and_loops_only_while_serving(tmp_path: Path) -> None:
     hub = Hub.init(tmp_path / "hub", grpc_bind="127.0.0.1:0")
     port = free_port()
 
     async def main() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         stop = asyncio.Event()
         serving = asyncio.create_task(hub.serve(stop, metrics_bind=f"127.0.0.1:{port}"))
-        for _ in range(100):
-            if not refused(port):
-                break
-            await asyncio.sleep(0.02)
+
+        async def leading() -> bool:
+            if refused(port):
+                return False
+            samples = await asyncio.to_thread(scrape, port)
+            return samples.get(("edgeskill_hub_leader", ())) == 1
+
+        await async_wait_until(leading, 10.0, "the SQLite hub to lead")
         samples = await asyncio.to_thread(scrape, port)
         stop.set()
         await serving
@@ -122,17 +127,51 @@ def test_serve_exposes_metrics_only_while_serving(tmp_path: Path) -> None:
     finally:
         hub.close()
     assert samples[("edgeskill_hub_devices", ())] == 0
+    assert samples[("edgeskill_hub_leader", ())] == 1
+    for loop in ("leader-election", "timestamp-refresh"):
+        assert samples[("edgeskill_hub_loop_running", (("loop", loop),))] == 1
+        assert samples[("edgeskill_hub_loop_restarts_total", (("loop", loop),))] == 0
     assert refused(port)
+
+
+def test_loop_restarts_and_leadership_are_exported(core: HubCore) -> None:
+    host = LoopHost()
+    failed = asyncio.Event()
+
+    async def broken() -> None:
+        failed.set()
+        raise RuntimeError("store away")
+
+    async def main() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        host.add("broken", broken)
+        host.start()
+        await host.set_leader(True)
+        await async_wait_until(
+            lambda: host.states()[0].restarts >= 1, 10.0, "the broken loop's first restart"
+        )
+        server = start_hub_metrics(core, core.store, "127.0.0.1:0", host)
+        try:
+            return await asyncio.to_thread(scrape, server.port)
+        finally:
+            server.stop()
+            await host.stop()
+
+    samples = asyncio.run(main())
+    assert samples[("edgeskill_hub_leader", ())] == 1
+    assert samples[("edgeskill_hub_loop_restarts_total", (("loop", "broken"),))] >= 1
 
 
 @pytest.mark.parametrize("bind", ["9464", "127.0.0.1:", ":9464", "127.0.0.1:70000", "h:x"])
 def test_a_malformed_address_is_refused(bind: str) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(MetricsBindError):
         parse_bind(bind)
 
 
-def test_bind_parses_ipv6_and_a_taken_port_is_a_transport_error(core: HubCore) -> None:
+def test_bind_parses_ipv6_and_a_bad_or_taken_address_is_a_hub_error(core: HubCore) -> None:
     assert parse_bind("[::1]:9464") == ("::1", 9464)
+    assert parse_bind("0.0.0.0:0") == ("0.0.0.0", 0)
+    with pytest.raises(ValidationError, match="expected HOST:PORT"):
+        start_hub_metrics(core, core.store, "127.0.0.1")
     server = start_hub_metrics(core, core.store, "127.0.0.1:0")
     try:
         with pytest.raises(TransportError, match="cannot serve metrics"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from cloud.models import (
 )
 from converters.fit import load_checkpoint_metrics
 from converters.onnx_export import ort_session
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -74,10 +74,12 @@ def test_a_job_trains_in_a_worker_and_records_its_model(factory: ModelFactory) -
 
 
 def wait_for_epochs(factory: ModelFactory, job_id: int, count: int, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while len(factory.registry.job_epochs(job_id)) < count:
-        assert time.monotonic() < deadline, "the worker recorded no epoch in time"
-        time.sleep(0.05)
+    wait_until(
+        lambda: len(factory.tables.job_epochs(job_id)) >= count,
+        timeout,
+        f"the worker to record {count} epoch(s)",
+        interval_s=0.05,
+    )
 
 
 @pytest.mark.slow
@@ -87,7 +89,7 @@ def test_a_killed_job_resumes_from_its_last_checkpoint(sqlite_factory: ModelFact
     job = factory.submit_training(dataset.id, epochs=3, lr=5e-3, batch_size=32)
     proc = factory.jobs.start(job.id, pause_s=30.0)  # the pause keeps it inside epoch 2
     wait_for_epochs(factory, job.id, 1)
-    running = factory.registry.get_job(job.id)
+    running = factory.tables.get_job(job.id)
     assert running.status == JOB_RUNNING and running.pid == proc.pid
     assert factory.jobs.is_alive(job.id)
     with pytest.raises(JobError, match="running"):
@@ -100,12 +102,12 @@ def test_a_killed_job_resumes_from_its_last_checkpoint(sqlite_factory: ModelFact
     checkpoint = factory.jobs.workdir(job.id) / "checkpoint.pt"
     done_at_kill = [m.epoch for m in load_checkpoint_metrics(checkpoint)]
     assert done_at_kill == [1]
-    assert factory.registry.list_models() == []
+    assert factory.tables.list_models() == []
 
     resumed, model = factory.train(job.id)
     assert resumed.status == JOB_SUCCEEDED, resumed.error
     assert resumed.resumed_from_epoch == 1
-    assert [e.epoch for e in factory.registry.job_epochs(job.id)] == [1, 2, 3]
+    assert [e.epoch for e in factory.tables.job_epochs(job.id)] == [1, 2, 3]
     assert model is not None and model.job_id == job.id
 
 
@@ -128,5 +130,5 @@ def test_a_job_whose_data_went_missing_fails_and_records_no_model(
     failed, model = factory.train(job.id)
     assert model is None and failed.status == JOB_FAILED
     assert failed.error is not None and "cat" in failed.error
-    assert factory.registry.list_models() == []
+    assert factory.tables.list_models() == []
     assert factory.jobs.refresh(job.id) == failed

@@ -26,7 +26,7 @@ from cloud.models import (
     FactoryError,
     ModelDraft,
     ModelFactory,
-    ModelRegistry,
+    ModelTables,
     VariantDraft,
     VariantMetrics,
 )
@@ -48,7 +48,7 @@ def metrics(accuracy: float = 0.95, loss_pt: float = 0.2, ratio: float = 3.0) ->
     )  # fmt: skip
 
 
-def count_rows(registry: ModelRegistry) -> tuple[int, int, int]:
+def count_rows(registry: ModelTables) -> tuple[int, int, int]:
     models = registry.list_models()
     variants = sum(len(registry.variants_of(m.id)) for m in models)
     artifacts = sum(len(registry.lineage(m.id).artifacts) for m in models)
@@ -63,7 +63,7 @@ def blob_files(root: Path) -> list[Path]:
 
 
 def test_dataset_versions_are_content_addressed(store: Store) -> None:
-    registry = ModelRegistry(store.engine)
+    registry = ModelTables(store.engine)
     first = registry.add_dataset(
         "parts", kind="folder", location="datasets/x", content_hash=HASH,
         classes=("bolt", "nut"), samples=20, now_ms=1,
@@ -95,7 +95,7 @@ def test_dataset_versions_are_content_addressed(store: Store) -> None:
 
 
 def test_job_lifecycle_and_model_lineage(store: Store) -> None:
-    registry = ModelRegistry(store.engine)
+    registry = ModelTables(store.engine)
     dataset = registry.add_dataset(
         "digits", kind="builtin", location="digits", content_hash=HASH,
         classes=tuple("0123456789"), samples=1797, now_ms=1,
@@ -143,7 +143,7 @@ def test_job_lifecycle_and_model_lineage(store: Store) -> None:
 
 
 def test_variants_and_artifacts_are_all_or_nothing(store: Store) -> None:
-    registry = ModelRegistry(store.engine)
+    registry = ModelTables(store.engine)
     model = registry.add_model(
         ModelDraft(name="m", arch="onnx", onnx_sha256=SHA_A, onnx_size=300, image_size=8),
         now_ms=1,
@@ -181,7 +181,7 @@ def test_variants_and_artifacts_are_all_or_nothing(store: Store) -> None:
 
 
 def test_skill_versions_link_to_the_artifacts_they_ship(store: Store) -> None:
-    registry = ModelRegistry(store.engine)
+    registry = ModelTables(store.engine)
     model = registry.add_model(
         ModelDraft(name="m", arch="onnx", onnx_sha256=SHA_A, onnx_size=3, image_size=8), now_ms=1
     )
@@ -273,7 +273,7 @@ def test_folder_datasets_are_snapshotted_and_bad_ones_record_nothing(
         factory.add_folder_dataset(folder)
     with pytest.raises(ValidationError):
         factory.add_folder_dataset(write_folder(tmp_path / "bad name!", {"a": 2, "b": 2}))
-    assert len(factory.registry.list_datasets()) == 2
+    assert len(factory.tables.list_datasets()) == 2
     leftovers = [p.name for p in (tmp_path / "home" / "datasets").iterdir()]
     assert len(leftovers) == 2 and not any(n.startswith(".") for n in leftovers)
 
@@ -341,7 +341,7 @@ def test_corrupt_or_unsupported_models_fail_clearly_and_record_nothing(
     ):
         with pytest.raises(FactoryError, match=message):
             factory.import_model(path, name="bad", dataset_id=dataset.id)
-    assert count_rows(factory.registry) == (0, 0, 0)
+    assert count_rows(factory.tables) == (0, 0, 0)
     assert blob_files(tmp_path / "home" / "blobs") == []
 
 
@@ -364,7 +364,7 @@ def damaged_blobs_and_missing_tools(factory: ModelFactory, digits_weights: Path)
         factory.compress(model.id, ["int8"], options=CompressOptions(tflite=False))
     with pytest.raises(BlobError, match="corrupt"):
         factory.convert(model.id, "onnx-cpu")
-    assert count_rows(factory.registry) == (1, 0, 0)
+    assert count_rows(factory.tables) == (1, 0, 0)
     weights.write_bytes(original)
 
     plain_onnx = factory.export_blob(model.onnx_sha256, factory.home / "export" / "plain.onnx")
@@ -372,10 +372,10 @@ def damaged_blobs_and_missing_tools(factory: ModelFactory, digits_weights: Path)
     assert (plain.arch, plain.weights_sha256, plain.test_accuracy) == ("onnx", None, None)
     ov = factory.convert(plain.id, "openvino")
     assert ov.max_abs_diff <= ov.tolerance
-    assert count_rows(factory.registry) == (2, 1, 1)
+    assert count_rows(factory.tables) == (2, 1, 1)
 
     with pytest.raises(FactoryError, match="atc"):  # no CANN toolkit here
         factory.convert(model.id, "om")
     with pytest.raises(ValidationError, match="unknown target"):
         factory.convert(model.id, "coreml")
-    assert count_rows(factory.registry) == (2, 2, 1)  # only the float variant om started from
+    assert count_rows(factory.tables) == (2, 2, 1)  # only the float variant om started from

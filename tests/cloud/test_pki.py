@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloud.errors import ValidationError
+from cloud.errors import HubError, ValidationError
 from cloud.pki import CertificateAuthority, issue_device_credentials
 
 
@@ -67,3 +67,18 @@ def test_a_bad_device_id_creates_nothing(tmp_path: Path) -> None:
         issue_device_credentials(tmp_path / "hub", "cam/1", tmp_path / "out")
     assert not (tmp_path / "hub").exists()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b" \n", b"x" * (64 * 1024 + 1)])
+def test_an_empty_or_oversized_ca_file_is_refused(tmp_path: Path, content: bytes) -> None:
+    CertificateAuthority.open_or_create(tmp_path / "pki")
+    (tmp_path / "pki" / "ca.crt").write_bytes(content)
+    with pytest.raises(HubError, match=r"cannot load the CA .* empty or larger than 65536 bytes"):
+        CertificateAuthority.open_or_create(tmp_path / "pki")
+
+
+def test_a_corrupt_ca_key_is_refused(tmp_path: Path) -> None:
+    CertificateAuthority.open_or_create(tmp_path / "pki")
+    (tmp_path / "pki" / "ca.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\nnope\n")
+    with pytest.raises(HubError, match="cannot load the CA in"):
+        CertificateAuthority.open_or_create(tmp_path / "pki")

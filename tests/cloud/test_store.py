@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from cloud.store import (
 )
 from cloud.store.engine import MIGRATIONS_DIR
 from cloud.store.schema import metadata
+from tests.support import wait_until
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -268,8 +268,10 @@ def test_create_deployment_with_missing_parts_changes_nothing(store: Store) -> N
         store.create_deployment("face", "9.0.0", "cams", now_ms=2)
     with pytest.raises(ValidationError):
         store.create_deployment("face", "1.0.0", "cams", config={"k": "v" * 2000}, now_ms=2)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="unknown rollout strategy 'no spaces'"):
         store.create_deployment("face", "1.0.0", "cams", strategy="no spaces", now_ms=2)
+    with pytest.raises(ValidationError, match="unknown rollout strategy 'canary'"):
+        store.create_deployment("face", "1.0.0", "cams", strategy="canary", now_ms=2)
     assert store.list_deployments() == []
     assert scalar(store, "SELECT count(*) FROM deployments") == 0
     assert store.desired_for("cam-1").generation == 0
@@ -428,7 +430,8 @@ from pathlib import Path
 from cloud.store import TelemetryRecord, open_store
 url, job, worker, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 store = open_store(url)
-while not go.exists():
+Path(f"{go}.ready-{worker}").touch()
+while not go.exists():  # a poll for the start signal, so that all workers write at once
     time.sleep(0.005)
 if job == "telemetry":
     record = TelemetryRecord("face", "1.0.0", 1, 0, 0, 1.0, 1.0, 0, 1)
@@ -458,7 +461,8 @@ def run_workers(url: str, job: str, count: int, tmp_path: Path) -> list[int]:
         )
         for i in range(count)
     ]
-    time.sleep(0.5)  # let them all import and connect, then start together
+    ready = [Path(f"{go}.ready-{i}") for i in range(count)]
+    wait_until(lambda: all(p.exists() for p in ready), 60, "every worker to open the store")
     go.touch()
     results = []
     for proc in procs:

@@ -17,6 +17,7 @@ from cloud.store import Store, TelemetryRecord, open_store
 from cloud.telemetry_batcher import BatcherClosedError, BatcherSettings, TelemetryBatcher
 from protos import ProtocolError, kind_of, make_envelope, pb
 from skills.trust import TrustRepository
+from tests.support import async_wait_until
 
 
 def window(n: int) -> TelemetryRecord:
@@ -141,7 +142,7 @@ def test_close_writes_what_waits_and_refuses_what_comes_later(sqlite_store: Stor
         waiting = [
             asyncio.ensure_future(batcher.submit(f"m-{i}", "cam-1", window(1))) for i in range(3)
         ]
-        await asyncio.sleep(0.01)  # they are queued, lingering
+        await async_wait_until(lambda: batcher.waiting == 3, 5, "three windows lingering")
         start = time.monotonic()
         await batcher.close()
         assert time.monotonic() - start < 0.5  # close does not wait out the linger

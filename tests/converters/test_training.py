@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from converters.fit import TrainConfig, fit, load_checkpoint_metrics
 from converters.models import load_model
 from converters.onnx_export import onnx_accuracy
 from converters.training import JobSpec, read_metrics, read_status, run_job, start_job
+from tests.support import wait_until
 
 
 class _Crash(Exception):
@@ -86,11 +86,11 @@ def test_job_in_process_writes_its_folder(digits: DigitsData, tmp_path: Path) ->
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    def written() -> bool:
         assert proc.poll() is None, (path.parent / "log.txt").read_text()
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+        return path.exists()
+
+    wait_until(written, timeout, f"the job to write {path.name}", interval_s=0.05)
 
 
 @pytest.mark.slow

@@ -265,122 +265,181 @@ def test_recover_drops_a_skill_that_has_nothing_left(tmp_path: Path) -> None:
     assert store.recover() == []
 
 
+# The child runs the real InstallStore with the real bundle installer (skills.bundle.
+# install_bundle). Each step appends its name to a trace file (flushed to disk) and the child
+# kills itself with SIGKILL at the named one, so the test knows which step was reached.
+# The steps inside the installer are marked by wrapping the functions it calls: after the
+# second extracted member ("mid-extract") and after the staged tree was verified ("verified").
 _CHILD = textwrap.dedent(
     """
-    import os, secrets, shutil, signal, sys, tarfile
+    import os, signal, sys
     from pathlib import Path
+    import skills.archive, skills.bundle
     from edge_agent.installs import InstallStore
 
-    root, bundle, op, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    root, bundle, op, kill_at, trace = (
+        Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], Path(sys.argv[5])
+    )
 
     def hook(step):
+        with trace.open("a") as f:
+            f.write(step + "\\n")
+            f.flush()
+            os.fsync(f.fileno())
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def install(bundle, dest):
-        staging = dest.parent / f".staging-{secrets.token_hex(4)}"
-        with tarfile.open(bundle) as tar:
-            for i, member in enumerate(tar.getmembers()):
-                tar.extract(member, staging, filter="data")
-                if i == 1:
-                    hook("mid-extract")
-        hook("staged")
-        staging.rename(dest)
+    extract_member = skills.archive._Extraction.add
+    added = []
 
-    store = InstallStore(root, install, step_hook=hook)
+    def counted_add(self, *args):
+        extract_member(self, *args)
+        added.append(1)
+        if len(added) == 2:
+            hook("mid-extract")
+
+    verify_tree = skills.bundle.verify_tree
+
+    def traced_verify(staging):
+        manifest = verify_tree(staging)
+        hook("verified")
+        return manifest
+
+    skills.archive._Extraction.add = counted_add
+    skills.bundle.verify_tree = traced_verify
+    store = InstallStore(root, step_hook=hook)
     if op == "install":
-        store.unpack("cam", "2", bundle)
-        store.activate("cam", "2")
+        store.unpack("digits", "2.0.0", bundle)
+        store.activate("digits", "2.0.0")
     elif op == "rollback":
-        store.rollback("cam")
+        store.rollback("digits")
     elif op == "prune":
-        store.prune("cam", keep=1)
+        store.prune("digits", keep=1)
     hook("done")
     """
 )
 
 
-def _run_child(root: Path, bundle: Path, op: str, kill_at: str) -> None:
+def _run_child(root: Path, bundle: Path, op: str, kill_at: str) -> list[str]:
+    """Run ``op`` in a child that kills itself at ``kill_at``; the steps it reached."""
+    trace = root.parent / f"trace-{op}-{kill_at}.txt"
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(bundle), op, kill_at],
+        [sys.executable, "-c", _CHILD, str(root), str(bundle), op, kill_at, str(trace)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+    steps = trace.read_text().split()
+    assert steps[-1] == kill_at, steps
+    return steps
 
 
-def _state_v0_v1(tmp_path: Path) -> Path:
+def _state_v1_v11(tmp_path: Path) -> Path:
     root = tmp_path / "state"
-    store = store_at(root)
-    for v in ("0", "1"):
-        store.unpack("cam", v, make_bundle(tmp_path, v))
-        store.activate("cam", v)
+    store = InstallStore(root)
+    for v in ("1.0.0", "1.1.0"):
+        store.unpack("digits", v, _real_bundle(tmp_path, v))
+        store.activate("digits", v)
     return root
 
 
+def _assert_one_verified_version(root: Path) -> None:
+    """Nothing half-done is left, every version is complete, and exactly one is active."""
+    store = InstallStore(root)
+    assert store.recover() == []  # a second recovery finds nothing to repair
+    skill_dir = root / "skills" / "digits"
+    assert [p.name for p in skill_dir.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in skill_dir.iterdir() if ".tmp" in p.name] == []
+    for version in store.versions("digits"):
+        assert (skill_dir / version / MARKER).is_file()
+    assert len([s for s in store.installed() if s.name == "digits"]) == 1
+
+
+_INSTALL_STEPS = [
+    "mid-extract",
+    "verified",
+    "unpacked",
+    "marked",
+    "previous-tmp",
+    "previous-replaced",
+    "current-tmp",
+    "current-replaced",
+    "done",
+]
+
+
 @pytest.mark.parametrize(
-    ("kill_at", "active"),
+    ("kill_at", "staging_left", "active"),
     [
-        ("mid-extract", "1"),
-        ("staged", "1"),
-        ("unpacked", "1"),
-        ("marked", "1"),
-        ("previous-tmp", "1"),
-        ("previous-replaced", "1"),
-        ("current-tmp", "1"),
-        ("current-replaced", "2"),
-        ("done", "2"),
+        ("mid-extract", True, "1.1.0"),
+        ("verified", True, "1.1.0"),
+        ("unpacked", False, "1.1.0"),
+        ("marked", False, "1.1.0"),
+        ("previous-tmp", False, "1.1.0"),
+        ("previous-replaced", False, "1.1.0"),
+        ("current-tmp", False, "1.1.0"),
+        ("current-replaced", False, "2.0.0"),
+        ("done", False, "2.0.0"),
     ],
 )
-def test_kill_during_install_then_recover(tmp_path: Path, kill_at: str, active: str) -> None:
-    root = _state_v0_v1(tmp_path)
-    bundle = make_bundle(tmp_path, "2")
-    _run_child(root, bundle, "install", kill_at)
-    store = store_at(root)
+def test_kill_during_install_then_recover(
+    tmp_path: Path, kill_at: str, staging_left: bool, active: str
+) -> None:
+    root = _state_v1_v11(tmp_path)
+    bundle = _real_bundle(tmp_path, "2.0.0")
+    steps = _run_child(root, bundle, "install", kill_at)
+    assert steps == _INSTALL_STEPS[: _INSTALL_STEPS.index(kill_at) + 1]
+    skill_dir = root / "skills" / "digits"
+    staging = [p for p in skill_dir.iterdir() if p.name.startswith(".staging-")]
+    assert bool(staging) == staging_left
+    store = InstallStore(root)
     store.recover()
-    assert_clean(root)
-    current = store.current("cam")
+    _assert_one_verified_version(root)
+    current = store.current("digits")
     assert current is not None
     assert current.version == active
     # Level-triggered reconcile: doing the same install again converges.
-    store.unpack("cam", "2", bundle)
-    store.activate("cam", "2")
-    current = store.current("cam")
+    store.unpack("digits", "2.0.0", bundle)
+    store.activate("digits", "2.0.0")
+    current = store.current("digits")
     assert current is not None
-    assert (current.version, current.previous) == ("2", "1")
-    assert_clean(root)
+    assert (current.version, current.previous) == ("2.0.0", "1.1.0")
+    _assert_one_verified_version(root)
 
 
 @pytest.mark.parametrize(
     ("kill_at", "active"),
     [
-        ("current-tmp", "1"),
-        ("current-replaced", "0"),
-        ("previous-tmp", "0"),
-        ("previous-replaced", "0"),
+        ("current-tmp", "1.1.0"),
+        ("current-replaced", "1.0.0"),
+        ("previous-tmp", "1.0.0"),
+        ("previous-replaced", "1.0.0"),
     ],
 )
 def test_kill_during_rollback_then_recover(tmp_path: Path, kill_at: str, active: str) -> None:
-    root = _state_v0_v1(tmp_path)
-    _run_child(root, tmp_path / "unused", "rollback", kill_at)
-    store = store_at(root)
+    root = _state_v1_v11(tmp_path)
+    steps = _run_child(root, tmp_path / "unused", "rollback", kill_at)
+    order = ["current-tmp", "current-replaced", "previous-tmp", "previous-replaced"]
+    assert steps == order[: order.index(kill_at) + 1]
+    store = InstallStore(root)
     store.recover()
-    assert_clean(root)
-    current = store.current("cam")
+    _assert_one_verified_version(root)
+    current = store.current("digits")
     assert current is not None
     assert current.version == active
 
 
 def test_kill_during_prune_then_recover(tmp_path: Path) -> None:
-    root = _state_v0_v1(tmp_path)
-    _run_child(root, tmp_path / "unused", "prune", "trashed")
-    assert any(p.name.startswith(".trash-") for p in (root / "skills/cam").iterdir())
-    store = store_at(root)
-    assert any("leftover" in line for line in store.recover())
-    assert_clean(root)
-    assert sorted(p.name for p in (root / "skills/cam").iterdir()) == ["1", "current"]
+    root = _state_v1_v11(tmp_path)
+    steps = _run_child(root, tmp_path / "unused", "prune", "trashed")
+    assert steps == ["trashed"]
+    assert any(p.name.startswith(".trash-") for p in (root / "skills/digits").iterdir())
+    store = InstallStore(root)
+    assert [line.split(":")[1].strip() for line in store.recover()] == ["leftover"]
+    _assert_one_verified_version(root)
+    assert sorted(p.name for p in (root / "skills/digits").iterdir()) == ["1.1.0", "current"]
 
 
 def _real_bundle(tmp_path: Path, version: str) -> Path:

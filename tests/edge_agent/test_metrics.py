@@ -14,12 +14,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError
-from edge_agent.metrics import MAX_SERIES, InferenceCounter, parse_bind, start_agent_metrics
+from edge_agent.metrics import MAX_SERIES, InferenceCounter, start_agent_metrics
 from edge_agent.outbox import Outbox
 from edge_agent.reconciler import SkillState
+from edge_agent.wiring import build_agent
 from edge_agent.workload import WindowStats
 from protos import make_envelope, pb
+from protos.metrics_server import MetricsBindError, parse_bind
 from skills.trust import TrustRepository
+from tests.fakes.fake_launcher import FakeLauncher
+from tests.support import async_wait_until, free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -33,12 +37,6 @@ def scrape(port: int) -> Samples:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def refused(port: int) -> bool:
@@ -62,7 +60,7 @@ def config(tmp_path: Path, metrics_bind: str | None = None) -> AgentConfig:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    agent = Agent(config(tmp_path))
+    agent = build_agent(config(tmp_path))
     yield agent
     agent.outbox.close()
 
@@ -75,8 +73,8 @@ def test_endpoint_shows_outbox_skills_inferences_and_session(agent: Agent) -> No
     server = start_agent_metrics(agent, "127.0.0.1:0")
     try:
         assert scrape(server.port)[("edgeskill_agent_outbox_pending", ())] == 0
-        agent.enqueue(heartbeat())
-        agent.enqueue(heartbeat())
+        asyncio.run(agent.enqueue(heartbeat()))
+        asyncio.run(agent.enqueue(heartbeat()))
         agent.reconciler.states["digits"] = SkillState("digits", "1.0.0", "running")
         agent.reconciler.states["kws"] = SkillState("kws", "", "failed", "bad bundle")
         agent.inference_counts.add("digits", "1.0.0", 7)
@@ -94,14 +92,23 @@ def test_endpoint_shows_outbox_skills_inferences_and_session(agent: Agent) -> No
     assert refused(server.port)
 
 
-def test_outbox_drops_are_counted_as_telemetry_reports_them(tmp_path: Path, agent: Agent) -> None:
-    agent.outbox.close()
-    agent.outbox = Outbox(tmp_path / "small.db", max_entries=1)
+def test_outbox_drops_are_counted_as_telemetry_reports_them(tmp_path: Path) -> None:
+    built = build_agent(config(tmp_path))
+    built.outbox.close()
+    agent = Agent(
+        built.config,
+        profile=built.profile,
+        outbox=Outbox(tmp_path / "small.db", max_entries=1),
+        installs=built.installs,
+        fetch_target=Path,
+        launcher=FakeLauncher(),
+        transport_factory=lambda: pytest.fail("the agent does not connect in this test"),
+    )
     for version in ("1", "2", "3"):  # each window's telemetry pushes the one before out
         window = WindowStats("digits", version)
         window.record({"label": 1}, 1.0, 1)
         agent.windows[("digits", version)] = window
-    agent._flush_windows()
+    asyncio.run(agent._flush_windows())
     server = start_agent_metrics(agent, "127.0.0.1:0")
     try:
         samples = scrape(server.port)
@@ -114,15 +121,12 @@ def test_outbox_drops_are_counted_as_telemetry_reports_them(tmp_path: Path, agen
 
 def test_run_serves_metrics_until_stopped(tmp_path: Path) -> None:
     port = free_port()
-    agent = Agent(config(tmp_path, metrics_bind=f"127.0.0.1:{port}"))
+    agent = build_agent(config(tmp_path, metrics_bind=f"127.0.0.1:{port}"))
 
     async def main() -> Samples:
         stop = asyncio.Event()
         running = asyncio.create_task(agent.run(stop))
-        for _ in range(100):
-            if not refused(port):
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: not refused(port), 10, "the metrics endpoint")
         samples = await asyncio.to_thread(scrape, port)
         stop.set()
         await running
@@ -134,16 +138,20 @@ def test_run_serves_metrics_until_stopped(tmp_path: Path) -> None:
 
 
 def test_run_refuses_a_malformed_metrics_address(tmp_path: Path) -> None:
-    agent = Agent(config(tmp_path, metrics_bind="localhost"))
+    agent = build_agent(config(tmp_path, metrics_bind="localhost"))
     with pytest.raises(AgentError, match="bad metrics address"):
         asyncio.run(agent.run(asyncio.Event()))
     agent.outbox.close()
 
 
 @pytest.mark.parametrize("bind", ["9464", "127.0.0.1:", ":9464", "127.0.0.1:70000", "h:-1"])
-def test_a_malformed_address_is_refused(bind: str) -> None:
-    with pytest.raises(AgentError):
+def test_a_malformed_address_is_refused(bind: str, tmp_path: Path) -> None:
+    with pytest.raises(MetricsBindError):
         parse_bind(bind)
+    agent = build_agent(config(tmp_path))
+    with pytest.raises(AgentError, match="bad metrics address"):
+        start_agent_metrics(agent, bind)
+    agent.outbox.close()
 
 
 def test_inference_series_are_capped() -> None:

@@ -7,6 +7,7 @@ which a real hub never does on purpose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -23,9 +24,10 @@ from cloud.mqtt_client import clear_retained
 from edge_agent.errors import TransportError
 from edge_agent.transport import FetchAborted, FetchLimits, open_transport
 from edge_agent.transport.mqtt import MqttAgentTransport
-from edgeskill.demo import free_port
 from protos import decode_envelope, encode_envelope, make_envelope, pb
+from protos.fetch import WINDOW_PROPERTY, FetchErrorCode
 from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE, MqttEndpoint
+from tests.support import async_wait_until, free_port, wait_until
 
 pytestmark = pytest.mark.mqtt
 
@@ -88,14 +90,14 @@ class ScriptedHub:
             req = pb.FetchRequest()
             req.ParseFromString(msg.payload)
             props = msg.properties
-            window = int(dict(props.UserProperty)["window"])
+            window = int(dict(props.UserProperty)[WINDOW_PROPERTY])
             request = Request(req, bytes(props.CorrelationData), props.ResponseTopic, window)
             with self.lock:
                 self.requests.append(request)
             threading.Thread(target=self.serve, args=(self, request), daemon=True).start()
 
-    def down(self, device: str, kind: str, payload: bytes) -> None:
-        self.client.publish(self.topics.down(device, kind), payload, qos=1)
+    def down(self, device: str, kind: str, payload: bytes) -> mqtt.MQTTMessageInfo:
+        return self.client.publish(self.topics.down(device, kind), payload, qos=1)
 
     def reply(
         self, request: Request, payload: bytes, content_type: str = CHUNK_CONTENT_TYPE
@@ -143,9 +145,8 @@ def retained(url: str, topic: str) -> bytes | None:
     client.connect("127.0.0.1", 1883)
     client.loop_start()
     client.subscribe(topic, qos=1)
-    deadline = time.monotonic() + 2
-    while not got and time.monotonic() < deadline:
-        time.sleep(0.02)
+    with contextlib.suppress(TimeoutError):  # nothing retained: None
+        wait_until(lambda: bool(got), 2, f"a retained message on {topic}")
     client.disconnect()
     client.loop_stop()
     return got[0] if got else None
@@ -181,7 +182,7 @@ def test_connect_registers_announces_presence_and_says_offline_on_close(url: str
         assert retained(url, status) == b"online"
         await t.send(make_envelope(DEVICE, telemetry=pb.Telemetry(skill="s", inferences=1)))
         await t.send(make_envelope(DEVICE, heartbeat=pb.Heartbeat(uptime_s=1)))
-        await asyncio.sleep(0.3)
+        await async_wait_until(lambda: len(hub.kinds()) >= 3, 5, "the hub to get both")
         assert hub.kinds()[1:] == ["telemetry", "heartbeat"]
 
     run_with(url, body)
@@ -276,7 +277,7 @@ def test_fetch_of_a_missing_file_raises_file_not_found(url: str) -> None:
     def missing(hub: ScriptedHub, request: Request) -> None:
         hub.reply(
             request,
-            pb.Error(code="not-found", message="no").SerializeToString(),
+            pb.Error(code=FetchErrorCode.NOT_FOUND, message="no").SerializeToString(),
             ERROR_CONTENT_TYPE,
         )
 
@@ -335,10 +336,12 @@ def test_messages_sent_while_the_device_was_away_wait_in_its_session(url: str) -
         await first.connect(register_env())
         await asyncio.wait_for(first.receive(), 5)
         await first.close()
-        hub.down(
+        sent = hub.down(
             DEVICE, "ack", encode_envelope(make_envelope(DEVICE, ack=pb.Ack(ids=["while-away"])))
         )
-        await asyncio.sleep(0.3)
+        # Acknowledged by the broker: queued in the device's session by now.
+        await asyncio.to_thread(sent.wait_for_publish, 5)
+        assert sent.is_published()
         second = MqttAgentTransport(url, DEVICE)
         await second.connect(register_env())
         try:

@@ -1,7 +1,9 @@
 """Tests for the durable outbox (real SQLite files, real child processes)."""
 
+import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.errors import OutboxError
-from edge_agent.outbox import Outbox
+from edge_agent.outbox import Outbox, OutboxWriter
 
 
 def _ids(box: Outbox) -> list[str]:
@@ -202,3 +204,137 @@ def test_every_acknowledged_put_survives_kill_from_outside(tmp_path: Path) -> No
         stored = _ids(box)
     assert stored[: len(confirmed)] == confirmed
     assert stored == [f"m{i}" for i in range(len(stored))]
+
+
+# -- the writer: off the event loop, many puts per commit --------------------------------
+
+
+def _committed_ids(db: Path) -> set[str]:
+    """Ids committed to ``db``, read through a connection of its own."""
+    conn = sqlite3.connect(db)
+    try:
+        return {row[0] for row in conn.execute("SELECT msg_id FROM entries")}
+    finally:
+        conn.close()
+
+
+def test_writer_commits_concurrent_puts_in_fewer_transactions(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    box = Outbox(db)
+    writer = OutboxWriter(box, max_batch=64)
+
+    async def main() -> None:
+        await asyncio.gather(*(writer.put(f"m{i}", "k", b"p%d" % i) for i in range(200)))
+
+    asyncio.run(main())
+    assert box.commits < 200
+    assert box.commits >= 200 // 64
+    assert _ids(box) == [f"m{i}" for i in range(200)]  # in the order they were put
+    assert len(_committed_ids(db)) == 200
+    box.close()
+
+
+def test_writer_resolves_each_put_only_once_it_is_committed(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    box = Outbox(db)
+    writer = OutboxWriter(box, max_batch=7)
+    seen_missing: list[str] = []
+
+    async def put_and_check(msg_id: str) -> None:
+        await writer.put(msg_id, "k", b"x")
+        if msg_id not in _committed_ids(db):
+            seen_missing.append(msg_id)
+
+    async def main() -> None:
+        await asyncio.gather(*(put_and_check(f"m{i}") for i in range(50)))
+
+    asyncio.run(main())
+    assert seen_missing == []
+    assert box.commits >= 50 // 7
+    box.close()
+
+
+def test_writer_keeps_the_loop_free_while_committing(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    writer = OutboxWriter(box)
+    ticks = 0
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(ticker(stop))
+        for i in range(20):  # one at a time: every put waits for its own disk sync
+            await writer.put(f"m{i}", "k", b"x")
+        stop.set()
+        await task
+
+    asyncio.run(main())
+    # A put blocking the loop would let the ticker run about once per put, not in between.
+    assert ticks > 40
+    assert len(box) == 20
+    box.close()
+
+
+def test_writer_refuses_bad_input_at_once_and_reports_database_errors(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_payload=10)
+    writer = OutboxWriter(box)
+
+    async def main() -> list[BaseException | None]:
+        with pytest.raises(OutboxError, match="exceeds"):
+            await writer.put("big", "k", b"x" * 11)
+        with pytest.raises(OutboxError):
+            await writer.put("", "k", b"x")
+        await writer.put("ok", "k", b"x")
+        box.close()
+        return await asyncio.gather(
+            writer.put("a", "k", b"x"), writer.put("b", "k", b"x"), return_exceptions=True
+        )
+
+    results = asyncio.run(main())
+    assert [type(r) for r in results] == [OutboxError, OutboxError]
+    assert all("closed" in str(r) for r in results)
+    with Outbox(tmp_path / "o.db") as again:
+        assert _ids(again) == ["ok"]
+
+
+_WRITER_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from edge_agent.outbox import Outbox, OutboxWriter
+
+    async def main():
+        writer = OutboxWriter(Outbox(Path(sys.argv[1])))
+
+        async def one(i):
+            await writer.put(f"m{i}", "k", b"payload-%d" % i)
+            print(f"m{i}", flush=True)
+
+        i = 0
+        while True:  # bursts of 8 concurrent puts, until killed
+            await asyncio.gather(*(one(i + j) for j in range(8)))
+            i += 8
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_every_put_the_writer_confirmed_survives_kill_from_outside(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER_CHILD, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    confirmed = [proc.stdout.readline().strip() for _ in range(60)]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    with Outbox(db) as box:
+        stored = set(_ids(box))
+    assert set(confirmed) <= stored

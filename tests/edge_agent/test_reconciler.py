@@ -15,11 +15,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cloud.factory import LIBRARY, VariantFile, build_skill
 from edge_agent.installs import InstallStore
 from edge_agent.reconciler import Reconciler
+from edge_agent.sandbox.launcher import make_launcher
 from protos import pb
 from skills.errors import FetchError, TrustError
+from tests.support.skillkit import LIBRARY, VariantFile, build_skill
 
 BROKEN = """
 from skills.sdk import Skill
@@ -62,6 +63,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "digits/1.0.0": build_skill(LIBRARY / "digits", "1.0.0", models, work / "dist"),
         "digits/2.0.0": build_skill(LIBRARY / "digits", "2.0.0", models, work / "dist"),
+        "digits/2.1.0": build_skill(LIBRARY / "digits", "2.1.0", models, work / "dist"),
         "digits/3.0.0": build_skill(broken_src, "3.0.0", models, work / "dist"),
     }
 
@@ -81,22 +83,26 @@ class Hub:
         return self.bundles[target]
 
 
-def desired(generation: int, *versions: str) -> pb.DesiredState:
+def desired(
+    generation: int, *versions: str, config: dict[str, str] | None = None
+) -> pb.DesiredState:
     msg = pb.DesiredState(generation=generation)
     for v in versions:
-        msg.skills.add(name="digits", version=v, target_name=f"digits/{v}")
+        msg.skills.add(name="digits", version=v, target_name=f"digits/{v}", config=config or {})
     return msg
 
 
-def make(tmp_path: Path, hub: Hub, clock: list[float] | None = None) -> Reconciler:
+def make(
+    tmp_path: Path, hub: Hub, clock: list[float] | None = None, keep_versions: int = 2
+) -> Reconciler:
     now = clock if clock is not None else [0.0]
     return Reconciler(
         InstallStore(tmp_path / "installs"),
         hub.fetch,
-        ["onnx-cpu"],
-        tmp_path / "logs",
+        make_launcher(["onnx-cpu"], (), tmp_path / "logs"),
         lambda: None,
         clock=lambda: now[0],
+        keep_versions=keep_versions,
     )
 
 
@@ -199,5 +205,76 @@ def test_unknown_desired_state_keeps_installed_skills_running(
         await again.reconcile(None)
         assert again.running()["digits"].alive
         await again.shutdown()
+
+    asyncio.run(scenario())
+
+
+# min_confidence 1.0 makes the digits skill emit an event for every item: a config
+# that can be seen from outside the process.
+EVERY_ITEM = {"min_confidence": "1.0"}
+
+
+def test_rollback_restarts_the_previous_version_with_the_hubs_config(
+    tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    hub = Hub(bundles)
+    rec = make(tmp_path, hub)
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0", config=EVERY_ITEM))
+        await rec.reconcile(desired(2, "3.0.0", config=EVERY_ITEM))
+        assert state(rec) == ("1.0.0", "rolled_back", "3.0.0")
+        proc = rec.running()["digits"]
+        proc.process({"image": np.zeros((8, 8))})
+        events = proc.drain_events()
+        assert [e["kind"] for e in events] == ["low_confidence"]
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_versions_beyond_the_kept_number_are_pruned(
+    tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    hub = Hub(bundles)
+    rec = make(tmp_path, hub, keep_versions=2)
+    skill_dir = tmp_path / "installs" / "skills" / "digits"
+
+    def on_disk() -> list[str]:
+        return sorted(p.name for p in skill_dir.iterdir())
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        await rec.reconcile(desired(2, "2.0.0"))
+        assert on_disk() == ["1.0.0", "2.0.0", "current", "previous"]
+        await rec.reconcile(desired(3, "2.1.0"))
+        assert state(rec) == ("2.1.0", "running", "2.1.0")
+        assert on_disk() == ["2.0.0", "2.1.0", "current", "previous"]
+        await rec.shutdown()
+        lean = make(tmp_path, hub, keep_versions=1)
+        await lean.reconcile(desired(3, "2.1.0"))
+        assert on_disk() == ["2.1.0", "current"]
+        await lean.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_crashed_skill_is_restarted_on_the_next_pass(
+    tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    hub = Hub(bundles)
+    rec = make(tmp_path, hub)
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0", config=EVERY_ITEM))
+        first = rec.running()["digits"]
+        first.stop()
+        assert rec.running() == {}
+        await rec.reconcile(desired(1, "1.0.0", config=EVERY_ITEM))
+        second = rec.running()["digits"]
+        assert second is not first
+        assert state(rec) == ("1.0.0", "running", "1.0.0")
+        assert hub.calls == ["digits/1.0.0"]
+        await rec.shutdown()
 
     asyncio.run(scenario())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import resource
 import shutil
 import struct
 import textwrap
@@ -16,10 +17,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_agent.errors import HealthCheckError, SandboxError
-from edge_agent.sandbox import MAX_FRAME_BYTES, ProtocolError, SkillItemError, SkillProcess
-from edge_agent.sandbox.limits import MIN_ADDRESS_SPACE_MB
+from edge_agent.sandbox import MAX_FRAME_BYTES, PipeProtocolError, SkillItemError, SkillProcess
 from edge_agent.sandbox.protocol import encode_frame, read_frame
 from skills.manifest import Manifest, ModelVariant, Resources
+from tests.support import wait_until
 
 DIGITS_SOURCE = Path(__file__).resolve().parents[2] / "skills" / "library" / "digits"
 RNG = np.random.default_rng(3)
@@ -57,7 +58,8 @@ class Probe(Skill):
         if op == "limits":
             return {"as": resource.getrlimit(resource.RLIMIT_AS)[0],
                     "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                    "core": resource.getrlimit(resource.RLIMIT_CORE)[0]}
+                    "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
+                    "memory_mb": os.environ["EDGESKILL_MEMORY_MB"]}
         if op == "helper":
             return {"pid": self.helper.pid}
         if op == "raise":
@@ -67,8 +69,9 @@ class Probe(Skill):
         if op == "sleep":
             time.sleep(item["seconds"])
             return {}
-        if op == "hog":
-            block = np.ones(3 * 1024**3, dtype=np.uint8)
+        if op == "hog":  # touch every page, then hold the memory a while
+            block = np.ones(item["mb"] * 1024**2, dtype=np.uint8)
+            time.sleep(item["hold_s"])
             return {"size": int(block.size)}
         if op == "spin":
             while True:
@@ -220,9 +223,11 @@ def test_child_environment_is_clean_and_rooted_in_the_skill(
 
 
 def test_limits_are_set_in_the_child(tmp_path: Path) -> None:
+    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
     with probe(tmp_path, memory_mb=64, max_open_files=100) as proc:
         result, _ = proc.process({"op": "limits"})
-    assert result == {"as": MIN_ADDRESS_SPACE_MB * 1024 * 1024, "nofile": 100, "core": 0}
+    # Memory is watched from the parent as resident memory, not capped as address space.
+    assert result == {"as": address_space, "nofile": 100, "core": 0, "memory_mb": "64"}
 
 
 def test_setup_error_fails_the_health_check_and_leaves_no_child(tmp_path: Path) -> None:
@@ -273,17 +278,28 @@ def test_item_errors_leave_the_process_serving(tmp_path: Path) -> None:
             proc.process({"op": "raise"})
         with pytest.raises(SkillItemError, match="bad result"):
             proc.process({"op": "unsendable"})
-        with pytest.raises(ProtocolError, match="cannot be sent"):
+        with pytest.raises(PipeProtocolError, match="cannot be sent"):
             proc.process({"op": "echo", "value": {1, 2}})  # never leaves the parent
         assert proc.alive
         assert proc.process({"op": "echo", "value": 5})[0]["echo"] == 5
 
 
-def test_allocating_past_the_memory_limit_fails_the_item(tmp_path: Path) -> None:
-    with probe(tmp_path, memory_mb=64) as proc:
-        with pytest.raises(SkillItemError, match="MemoryError"):
-            proc.process({"op": "hog"}, timeout=30)
-        assert proc.alive  # the allocation failed; the machine's memory was never taken
+def test_a_skill_that_allocates_past_its_memory_limit_is_stopped(tmp_path: Path) -> None:
+    with probe(tmp_path, memory_mb=256) as proc:
+        pid = proc.pid
+        with pytest.raises(
+            SandboxError, match=r"killed: memory \d+ MB over the 256 MB limit.*SIGKILL"
+        ) as info:
+            proc.process({"op": "hog", "mb": 512, "hold_s": 30}, timeout=30)
+        assert not isinstance(info.value, SkillItemError)
+        assert not proc.alive and gone(pid)
+
+
+def test_a_skill_under_its_memory_limit_keeps_running(tmp_path: Path) -> None:
+    with probe(tmp_path, memory_mb=256) as proc:
+        result, _ = proc.process({"op": "hog", "mb": 100, "hold_s": 1.0}, timeout=30)
+        assert result == {"size": 100 * 1024**2}
+        assert proc.alive
 
 
 def test_a_slow_item_times_out_and_the_process_is_killed(tmp_path: Path) -> None:
@@ -309,10 +325,7 @@ def test_stop_kills_a_hanging_teardown_and_the_skills_helpers(tmp_path: Path) ->
     proc.stop(timeout=0.5)
     assert time.monotonic() - started < 3
     assert not proc.alive and gone(proc.pid)
-    deadline = time.monotonic() + 5
-    while not gone(helper_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone(helper_pid)
+    wait_until(lambda: gone(helper_pid), 5, "the skill's helper process to be gone")
     proc.stop()  # a second stop is harmless
 
 
@@ -344,21 +357,21 @@ def test_frames_that_lie_or_are_too_large_are_refused() -> None:
     def body(payload: bytes) -> io.BytesIO:
         return io.BytesIO(struct.pack(">I", len(payload)) + payload)
 
-    with pytest.raises(ProtocolError, match="exceeds"):
+    with pytest.raises(PipeProtocolError, match="exceeds"):
         read_frame(io.BytesIO(struct.pack(">I", MAX_FRAME_BYTES + 1)))
-    with pytest.raises(ProtocolError, match="short"):
+    with pytest.raises(PipeProtocolError, match="short"):
         read_frame(io.BytesIO(struct.pack(">I", 10) + b"{}"))
-    with pytest.raises(ProtocolError, match="not valid JSON"):
+    with pytest.raises(PipeProtocolError, match="not valid JSON"):
         read_frame(body(b"{nope"))
-    with pytest.raises(ProtocolError, match="not an object"):
+    with pytest.raises(PipeProtocolError, match="not an object"):
         read_frame(body(b"[1]"))
-    with pytest.raises(ProtocolError, match="has 3 bytes"):
+    with pytest.raises(PipeProtocolError, match="has 3 bytes"):
         read_frame(body(b'{"x":{"__ndarray__":"<f4","shape":[2],"b64":"AAAA"}}'))
-    with pytest.raises(ProtocolError, match="not accepted"):
+    with pytest.raises(PipeProtocolError, match="not accepted"):
         read_frame(body(b'{"x":{"__ndarray__":"|O","shape":[1],"b64":"AAAAAAAAAAA="}}'))
-    with pytest.raises(ProtocolError, match="cannot be sent"):
+    with pytest.raises(PipeProtocolError, match="cannot be sent"):
         encode_frame({"x": np.array([object()])})
-    with pytest.raises(ProtocolError, match="exceeds"):
+    with pytest.raises(PipeProtocolError, match="exceeds"):
         encode_frame({"x": "a" * MAX_FRAME_BYTES})
     assert read_frame(io.BytesIO(b"")) is None
 

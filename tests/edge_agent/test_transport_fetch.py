@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cloud.grpc_server import start_grpc_server
-from cloud.hubcore import HubCore
+from cloud.hubcore import HubCore, running
 from cloud.store import open_store
 from edge_agent.errors import TransportError
 from edge_agent.transport import FetchAborted, FetchLimits, open_transport
@@ -59,7 +59,11 @@ def test_grpc_transport_registers_and_fetches_over_loopback(tmp_path: Path) -> N
     ref = trust.add_target("demo/big.skill", blob)
 
     async def scenario() -> None:
-        server, port = await start_grpc_server(HubCore(store, trust), "127.0.0.1:0")
+        async with running(HubCore(store, trust)) as core:
+            await serve_and_fetch(core)
+
+    async def serve_and_fetch(core: HubCore) -> None:
+        server, port = await start_grpc_server(core, "127.0.0.1:0")
         try:
             transport = open_transport(f"grpc://127.0.0.1:{port}", "cam-1")
             async with transport:
@@ -71,7 +75,8 @@ def test_grpc_transport_registers_and_fetches_over_loopback(tmp_path: Path) -> N
                 assert await transport.fetch(ref.path, 10 * 1024 * 1024) == payload
                 with pytest.raises(FileNotFoundError):
                     await transport.fetch("metadata/77.root.json", 10**6)
-                with pytest.raises(TransportError):
+                # Over the cap: refused for good, not retried.
+                with pytest.raises(FetchAborted, match="RESOURCE_EXHAUSTED"):
                     await transport.fetch(ref.path, 1024)
         finally:
             await server.stop(None)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from cloud.factory import LIBRARY, VariantFile, build_skill, train_digits_onnx
 from cloud.hub import Hub
 from cloud.mqtt_client import clear_retained
-from edgeskill.demo import Fleet, agent_args, free_port, wait_for_port, wait_until
+from cloud.service import FleetService
 from protos.envelope import now_ms
+from tests.support import Fleet, agent_args, free_port, wait_for_port, wait_until
+from tests.support.skillkit import LIBRARY, VariantFile, build_skill, train_digits_onnx
 
 BROKEN_SETUP = """
 from skills.sdk import Skill
@@ -137,7 +138,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, bundles: Bundles) ->
     mqtt_url = mqtt_test_url() if request.param == "mqtt" else ""
     hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url)
     for bundle in (bundles.v1, bundles.v2, bundles.v3, bundles.broken):
-        hub.push(bundle)
+        FleetService(hub).skills.publish(bundle)
     hub.store.create_group("cameras", "kind=camera")
     fleet = Fleet(tmp_path / "logs")
     fleet.start("hub", ["hub", "serve", "--home", str(tmp_path / "hub")])

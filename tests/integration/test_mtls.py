@@ -17,16 +17,17 @@ import pytest
 
 from cloud.grpc_server import ServerTls, start_grpc_server
 from cloud.hub import Hub, TlsFiles
-from cloud.hubcore import HubCore
+from cloud.hubcore import HubCore, running
 from cloud.pki import CertificateAuthority, DeviceCredentials, issue_device_credentials
+from cloud.service import FleetService
 from cloud.store import Store, open_store
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport, open_transport
-from edgeskill.demo import Fleet, agent_args, free_port, wait_for_port, wait_until
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from skills.trust import TrustRepository
 from tests.integration.conftest import Bundles
+from tests.support import Fleet, agent_args, free_port, wait_for_port, wait_until
 
 PAYLOAD = os.urandom(300_000)
 
@@ -55,13 +56,13 @@ async def tls_hub(tmp_path: Path) -> AsyncIterator[TlsHub]:
     ref = trust.add_target("demo/blob.skill", blob)
     creds = issue_device_credentials(tmp_path / "home", "cam-1", tmp_path / "certs")
     tls = ServerTls.from_files(creds.server.cert, creds.server.key, creds.ca)
-    core = HubCore(store, trust)
-    server, port = await start_grpc_server(core, "127.0.0.1:0", tls)
-    try:
-        yield TlsHub(store, core, port, creds, ref.path, tmp_path / "certs")
-    finally:
-        await server.stop(None)
-        store.close()
+    async with running(HubCore(store, trust)) as core:
+        server, port = await start_grpc_server(core, "127.0.0.1:0", tls)
+        try:
+            yield TlsHub(store, core, port, creds, ref.path, tmp_path / "certs")
+        finally:
+            await server.stop(None)
+            store.close()
 
 
 async def _registers(transport: AgentTransport, device_id: str) -> list[str]:
@@ -169,7 +170,7 @@ def tls_cluster(tmp_path: Path, bundles: Bundles) -> Iterator[TlsCluster]:
     port = free_port()
     tls = TlsFiles(Path("pki/server.crt"), Path("pki/server.key"), Path("pki/ca.crt"))
     hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}", tls=tls)
-    hub.push(bundles.v1)
+    FleetService(hub).skills.publish(bundles.v1)
     hub.store.create_group("cameras", "kind=camera")
     fleet = Fleet(tmp_path / "logs")
     fleet.start(

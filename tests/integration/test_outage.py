@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -24,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from cloud.factory import write_holdout
 from cloud.hub import Hub
+from cloud.service import FleetService
 from converters.digits import load_digits_data
-from edgeskill.demo import Fleet, agent_args, free_port, wait_for_port, wait_until
 from protos.envelope import now_ms
+from tests.support import Fleet, agent_args, free_port, wait_for_port, wait_until
+from tests.support.skillkit import write_holdout
 
 DEVICES = ["cam-1", "cam-2", "cam-3"]
 LABELS = ["kind=camera"]
@@ -69,6 +71,14 @@ def _seq_file(work: Path, device_id: str) -> int:
     return int(path.read_text() or 0) if path.exists() else 0
 
 
+def _outbox_size(work: Path, device_id: str) -> int:
+    conn = sqlite3.connect(work / "agents" / device_id / "outbox.db", timeout=10)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def _stored_seqs(hub: Hub, device_id: str) -> list[int]:
     return [int(r.metrics["seq"]) for r in hub.store.telemetry_for(device_id)]
 
@@ -80,7 +90,7 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
     url = f"mqtt://127.0.0.1:{broker.port}/es-outage?session_expiry=3600&keepalive=5"
     grpc_port = free_port()
     hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{grpc_port}")
-    hub.push(bundles.v1)
+    FleetService(hub).skills.publish(bundles.v1)
     hub.store.create_group("cameras", "kind=camera")
     source = tmp_path / "source.npz"
     write_holdout(load_digits_data(), source, limit=100)
@@ -109,14 +119,21 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
         broker.stop()
         down_at = time.monotonic()
         before = {d: _seq_file(tmp_path, d) for d in DEVICES}
-        time.sleep(OUTAGE_S / 3)
+
+        def offline(n: int) -> bool:
+            return all(_seq_file(tmp_path, d) - before[d] >= n for d in DEVICES)
+
+        wait_until(lambda: offline(10), 60, "ten windows made offline by every agent")
         fleet.stop("cam-2")  # SIGTERM: the agent flushes its window into the outbox
         start("cam-2")
-        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
-        during = {d: _seq_file(tmp_path, d) - before[d] for d in DEVICES}
-        assert all(n >= 40 for n in during.values()), (
-            f"too little telemetry while offline: {during}"
+        # The scenario is an outage of OUTAGE_S: the broker stays down that long on purpose,
+        # and until every agent (cam-2 after its restart too) has made 40 windows offline.
+        wait_until(
+            lambda: time.monotonic() - down_at >= OUTAGE_S and offline(40),
+            OUTAGE_S + 60,
+            "the outage to last its time with 40 windows made offline by every agent",
         )
+        during = {d: _seq_file(tmp_path, d) - before[d] for d in DEVICES}
         broker.start()
 
         for device_id in DEVICES:  # the windows made offline arrive
@@ -136,7 +153,15 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
                 60,
                 f"{device_id} to drain",
             )
-        time.sleep(2)  # late duplicates, if any, would land now
+        # Once an agent's outbox is empty the hub has acknowledged every window, so nothing
+        # is left to resend; copies published before an ack reach the hub before that ack
+        # (the broker keeps each session's order), so no duplicate can land after this.
+        for device_id in DEVICES:
+            wait_until(
+                lambda d=device_id: _outbox_size(tmp_path, d) == 0,
+                60,
+                f"{device_id}'s outbox to be acknowledged",
+            )
 
         for device_id in DEVICES:
             seqs = _stored_seqs(hub, device_id)

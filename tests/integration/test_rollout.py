@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import signal
-import time
+from pathlib import Path
 
-from edgeskill.demo import wait_until
+from edge_agent.installs import MARKER
+from tests.support import wait_until
 
 CAMERAS = ["kind=camera", "site=plant-3"]
 
@@ -64,21 +65,48 @@ def test_crash_in_setup_rolls_back_and_reports_failure(cluster) -> None:
     assert status.previous_version == "4.0.0"
 
 
+def _phase(skills_dir: Path, old: str, new: str) -> str:
+    """Where an install of ``new`` over ``old`` stands on disk."""
+    current = skills_dir / "current"
+    active = current.resolve().name if current.exists() else None
+    if active == new:
+        return "activated"
+    if active == old and (skills_dir / new / MARKER).is_file():
+        return "unpacked"
+    if active == old:
+        return "before-install"
+    return f"unexpected: current is {active}"
+
+
 def test_agent_killed_during_install_converges_to_one_verified_version(cluster) -> None:
     cluster.start_agent("cam-1", CAMERAS)
     cluster.deploy("1.0.0")
     cluster.wait_state("cam-1", "1.0.0", "running")
-    versions = ["2.0.0", "3.0.0", "2.0.0", "3.0.0"]
-    # Kill at different moments of an install: at once, while fetching, while switching.
-    for delay, version in zip((0.0, 0.3, 0.7, 1.2), versions, strict=True):
+    skills_dir = cluster.work / "agents" / "cam-1" / "installs" / "skills" / "digits"
+    # Kill before the agent heard of the new version, and while the new version is
+    # active but still being health-checked; check the phase on disk after each kill.
+    plan = [
+        ("1.0.0", "2.0.0", "before-install"),
+        ("1.0.0", "3.0.0", "activated"),
+        ("3.0.0", "2.0.0", "activated"),
+        ("2.0.0", "1.0.0", "before-install"),  # 1.0.0 was pruned from the disk by now
+    ]
+    for old, version, phase in plan:
         cluster.deploy(version)
-        time.sleep(delay)
+        if phase == "activated":
+
+            def switched(version: str = version) -> bool:
+                return cluster.active_version("cam-1") == version
+
+            wait_until(switched, 60, f"cam-1 to switch to {version}", interval_s=0.005)
         cluster.fleet.stop("cam-1", signal.SIGKILL)
-        skills_dir = cluster.work / "agents" / "cam-1" / "installs" / "skills" / "digits"
+        assert _phase(skills_dir, old, version) == phase
+        if phase == "activated":
+            assert cluster.skill_state("cam-1") != (version, "running", "")
         cluster.start_agent("cam-1", CAMERAS)
         cluster.wait_state("cam-1", version, "running")
         assert cluster.active_version("cam-1") == version
-        leftovers = [
-            p.name for p in skills_dir.iterdir() if p.name.startswith((".staging", "current.tmp"))
-        ]
+        leftovers = [p.name for p in skills_dir.iterdir() if p.name.startswith((".", "current."))]
         assert leftovers == []
+    # Two versions are kept (current and previous); older ones were pruned.
+    assert sorted(p.name for p in skills_dir.iterdir()) == ["1.0.0", "2.0.0", "current", "previous"]

@@ -1,7 +1,7 @@
-"""The hub's model step for the built-in digits skill: train, export, check, package.
+"""Test fixtures for skill bundles: a quickly trained digits model, packed into bundles.
 
-The general model factory (datasets, jobs, compression, targets) builds on
-the converters package; this module is the thin path the demo uses.
+This skips the model factory's records on purpose (tests need bundles in
+seconds, not lineage); the demo and users go through ``cloud.models``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from converters.quantize import quantize_int8
 from skills.bundle import build_bundle
 from skills.manifest import Manifest, ModelVariant
 
-LIBRARY = Path(__file__).resolve().parent.parent / "skills" / "library"
+LIBRARY = Path(__file__).resolve().parents[2] / "skills" / "library"
 
 
 @dataclass(frozen=True)

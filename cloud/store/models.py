@@ -1,4 +1,4 @@
-"""The model registry: lineage from data set version to the skill versions that ship a model.
+"""Model tables: lineage from data set version to the skill versions that ship a model.
 
 data set version → training job (epochs) → model → variants (compression reports)
 → per-target artefacts (conversion checks) → skill versions. Every method is
@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import Connection, insert, select
 
 from cloud.errors import ConflictError, NotFoundError, ValidationError
-from cloud.models import _codec as codec
-from cloud.models._jobs_registry import JobsRegistry
-from cloud.models.records import (
+from cloud.store import checks as check
+from cloud.store import model_codec as codec
+from cloud.store.jobs import JobTables
+from cloud.store.model_records import (
     ArtifactDraft,
     ArtifactRecord,
     EpochRecord,
@@ -28,7 +29,6 @@ from cloud.models.records import (
     VariantDraft,
     VariantRecord,
 )
-from cloud.store import _validate as check
 from cloud.store.models_schema import (
     model_artifacts,
     model_variants,
@@ -40,12 +40,12 @@ from cloud.store.schema import skill_versions
 from skills.errors import SkillError
 from skills.manifest import Manifest
 
-__all__ = ["ModelRegistry"]
+__all__ = ["ModelTables"]
 
 MAX_VARIANTS_PER_CALL = 32
 
 
-class ModelRegistry(JobsRegistry):
+class ModelTables(JobTables):
     """Models, their variants and artefacts, on top of data sets and jobs."""
 
     # models

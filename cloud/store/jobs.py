@@ -1,6 +1,6 @@
-"""Data set versions, training jobs and their epochs: the first half of the model registry.
+"""Data set versions, training jobs and their epochs: the first half of the model tables.
 
-:class:`cloud.models.registry.ModelRegistry` adds models, variants, artefacts
+:class:`cloud.store.models.ModelTables` adds models, variants, artefacts
 and skill links on top. Every public method is one transaction.
 """
 
@@ -14,8 +14,10 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from cloud.errors import ConflictError, NotFoundError, StoreError, ValidationError
-from cloud.models import _codec as codec
-from cloud.models.records import (
+from cloud.store import checks as check
+from cloud.store import model_codec as codec
+from cloud.store.engine import IMMEDIATE
+from cloud.store.model_records import (
     JOB_FAILED,
     JOB_QUEUED,
     JOB_RUNNING,
@@ -24,16 +26,14 @@ from cloud.models.records import (
     EpochRecord,
     JobRecord,
 )
-from cloud.store import _validate as check
-from cloud.store.engine import IMMEDIATE
 from cloud.store.models_schema import dataset_versions, models, training_epochs, training_jobs
 
-__all__ = ["DATASET_KINDS", "JobsRegistry"]
+__all__ = ["DATASET_KINDS", "JobTables"]
 
 DATASET_KINDS = ("builtin", "folder")
 
 
-class JobsRegistry:
+class JobTables:
     """Transactional access to data set versions and training jobs."""
 
     def __init__(self, engine: Engine) -> None:

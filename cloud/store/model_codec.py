@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import Row
 
 from cloud.errors import StoreError, ValidationError
-from cloud.models.records import (
+from cloud.store import checks as check
+from cloud.store.model_records import (
     ArtifactDraft,
     ArtifactFile,
     ArtifactRecord,
@@ -25,7 +26,6 @@ from cloud.models.records import (
     VariantMetrics,
     VariantRecord,
 )
-from cloud.store import _validate as check
 from skills.manifest import KNOWN_TARGETS
 
 MAX_CLASSES = 1000

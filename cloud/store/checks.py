@@ -1,4 +1,7 @@
-"""Checks on everything the store is asked to write, run before any write."""
+"""Checks on everything the store is asked to write, run before any write.
+
+Public: the model factory checks names, versions and hashes the same way.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +12,28 @@ from collections.abc import Mapping, Sequence
 
 from cloud.errors import ValidationError
 from cloud.store.records import SkillStatusRecord, TelemetryRecord
+from protos import limits
 
+# The wire's caps (protos.limits) are the store's: what a device may send, the store keeps.
 MAX_PROFILE_BYTES = 64 * 1024
 MAX_MANIFEST_BYTES = 1024 * 1024
-MAX_CONFIG_ENTRIES = 64
-MAX_CONFIG_VALUE_LEN = 1024
-MAX_METRICS = 64
-MAX_REPORTED_SKILLS = 256
-MAX_ERROR_LEN = 4096
+MAX_CONFIG_ENTRIES = limits.MAX_CONFIG_ENTRIES
+MAX_CONFIG_VALUE_LEN = limits.MAX_CONFIG_VALUE_BYTES
+MAX_METRICS = limits.MAX_METRICS
+MAX_REPORTED_SKILLS = limits.MAX_REPORTED_SKILLS
+MAX_ERROR_LEN = limits.MAX_ERROR_CHARS
 MAX_TELEMETRY_BATCH = 10_000
 MAX_COUNTER = 2**62
 
-_DEVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
-_MSG_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_DEVICE_ID_RE = re.compile(limits.DEVICE_ID_PATTERN)
+_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{limits.MAX_NAME_CHARS - 1}}}")
+_VERSION_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9.+_-]{{0,{limits.MAX_VERSION_CHARS - 1}}}")
+_MSG_ID_RE = re.compile(rf"[A-Za-z0-9._:-]{{1,{limits.MAX_MESSAGE_ID_CHARS}}}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TARGET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]{0,254}")
-_STRATEGY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%=,-]{0,63}")
-_STATE_RE = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_CONFIG_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_METRIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,63}")
+_STATE_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{limits.MAX_STATE_CHARS}}}")
+_CONFIG_KEY_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{limits.MAX_NAME_CHARS - 1}}}")
+_METRIC_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{limits.MAX_METRIC_NAME_CHARS - 1}}}")
 
 
 def _check(pattern: re.Pattern[str], value: object, what: str) -> str:
@@ -69,11 +73,6 @@ def target_name(value: str) -> str:
     if ".." in value.split("/"):
         raise ValidationError(f"bad target name {value!r}")
     return value
-
-
-def strategy(value: str) -> str:
-    """Raises: ValidationError: not a 1-64 character strategy."""
-    return _check(_STRATEGY_RE, value, "strategy")
 
 
 def counter(value: int, what: str) -> int:
@@ -126,7 +125,7 @@ def statuses(skills: Sequence[SkillStatusRecord]) -> list[SkillStatusRecord]:
                 version(value)
         _check(_STATE_RE, status.state, "skill state")
         text(status.error, "error text", MAX_ERROR_LEN)
-        text(status.variant, "variant", 256)
+        text(status.variant, "variant", limits.MAX_VARIANT_CHARS)
     return list(skills)
 
 

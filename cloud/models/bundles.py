@@ -1,0 +1,90 @@
+"""Skill bundles from the factory's artefacts, so a published version has lineage.
+
+The artefact files are copied out of the blob store byte for byte, so the
+bundle's manifest lists the artefacts' sha256 and
+:meth:`cloud.store.models.ModelTables.link_skill_version` finds them once the
+version is published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloud.errors import ValidationError
+from cloud.models.errors import FactoryError
+from skills.bundle import build_bundle
+from skills.errors import SkillError
+from skills.manifest import Manifest, ModelVariant
+
+if TYPE_CHECKING:
+    from cloud.models.factory import ModelFactory
+    from cloud.store.model_records import ArtifactRecord
+
+__all__ = ["MAX_BUNDLE_ARTIFACTS", "package_skill"]
+
+MAX_BUNDLE_ARTIFACTS = 16
+
+
+def package_skill(
+    factory: ModelFactory,
+    source: Path,
+    version: str,
+    artifacts: Sequence[ArtifactRecord],
+    out_dir: Path,
+    *,
+    model: str = "classifier",
+) -> Path:
+    """Build a skill bundle from a skill source folder and checked artefacts.
+
+    Every artefact becomes a variant of ``model`` (precision ``int8`` when its
+    variant is quantised, else ``fp32``); the source folder is not modified.
+
+    Args:
+        factory: The factory holding the artefacts' blobs.
+        source: Skill source folder with ``skill.toml`` and ``control/``.
+        version: The version the bundle gets.
+        artifacts: 1 to ``MAX_BUNDLE_ARTIFACTS`` artefacts, each a distinct target and precision.
+        out_dir: Folder for the bundle.
+
+    Returns:
+        The bundle's path.
+
+    Raises:
+        ValidationError: No or too many artefacts.
+        NotFoundError: An artefact's variant does not exist.
+        BlobError: An artefact's file is missing or corrupt.
+        FactoryError: The source or the assembled bundle is malformed.
+        StoreError: The store failed.
+    """
+    if not 1 <= len(artifacts) <= MAX_BUNDLE_ARTIFACTS:
+        raise ValidationError(f"a bundle ships 1..{MAX_BUNDLE_ARTIFACTS} artefacts")
+    with tempfile.TemporaryDirectory(prefix="edgeskill-package-") as tmp:
+        work = Path(tmp) / "src"
+        try:
+            shutil.copytree(source, work, ignore=shutil.ignore_patterns("__pycache__"))
+            manifest = Manifest.from_toml((work / "skill.toml").read_text(encoding="utf-8"))
+        except (OSError, SkillError) as exc:
+            raise FactoryError(f"cannot read the skill source {source}: {exc}") from exc
+        variants = [_export(factory, a, model, work) for a in artifacts]
+        try:
+            built = dataclasses.replace(manifest, version=version, models=tuple(variants))
+            (work / "skill.toml").write_text(built.to_toml(), encoding="utf-8")
+            return build_bundle(work, out_dir)
+        except (OSError, SkillError) as exc:
+            raise FactoryError(f"cannot build the {manifest.name} bundle: {exc}") from exc
+
+
+def _export(
+    factory: ModelFactory, artifact: ArtifactRecord, model: str, work: Path
+) -> ModelVariant:
+    variant = factory.tables.get_variant(artifact.variant_id)
+    precision = "int8" if variant.quantized else "fp32"
+    file = artifact.files[0]
+    rel = f"models/{model}-{artifact.target}-{precision}{Path(file.name).suffix}"
+    factory.export_blob(file.sha256, work / rel)
+    return ModelVariant(model=model, target=artifact.target, path=rel, precision=precision)

@@ -1,0 +1,38 @@
+"""The fleet service layer: the one way people and scripts reach the hub's data.
+
+The CLI and the REST API are thin faces of :class:`FleetService`; the hub's
+transport servers never use it (they go through the session core). Every
+method returns frozen views from :mod:`cloud.service.views` and raises only
+:class:`cloud.errors.HubError` subclasses.
+"""
+
+from cloud.service.deployments import DeploymentService
+from cloud.service.devices import DeviceService, GroupService
+from cloud.service.fleet import FleetService
+from cloud.service.skills import SkillService
+from cloud.service.telemetry import TelemetryService
+from cloud.service.views import (
+    DeploymentView,
+    DeviceView,
+    GroupView,
+    PublishedSkill,
+    SkillStateView,
+    SkillVersionView,
+    TelemetrySummaryView,
+)
+
+__all__ = [
+    "DeploymentService",
+    "DeploymentView",
+    "DeviceService",
+    "DeviceView",
+    "FleetService",
+    "GroupService",
+    "GroupView",
+    "PublishedSkill",
+    "SkillService",
+    "SkillStateView",
+    "SkillVersionView",
+    "TelemetryService",
+    "TelemetrySummaryView",
+]

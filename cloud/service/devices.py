@@ -1,0 +1,107 @@
+"""Devices and groups: who is in the fleet and how it is sliced."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+
+from cloud.errors import NotFoundError, StoreError, ValidationError
+from cloud.selectors import check_labels, matches, parse_selector
+from cloud.service.views import DeviceView, GroupView, SkillStateView
+from cloud.store import DeviceStateRecord, GroupRecord, Store
+
+__all__ = ["DeviceService", "GroupService"]
+
+
+def _device_view(state: DeviceStateRecord) -> DeviceView:
+    device, report = state.device, state.reported
+    skills = tuple(
+        SkillStateView(s.name, s.version, s.state, s.error, s.variant)
+        for s in (report.skills if report else ())
+    )
+    return DeviceView(
+        device_id=device.device_id,
+        labels=dict(device.labels),
+        online=device.online,
+        board=str(device.profile.get("board", "")),
+        last_seen_ms=device.last_seen_ms,
+        desired_generation=state.desired_generation,
+        reported_generation=report.generation if report else None,
+        reported=skills,
+        profile=dict(device.profile),
+    )
+
+
+class DeviceService:
+    """Devices as the hub knows them: labels, presence, desired and reported state."""
+
+    def __init__(self, store: Store) -> None:
+        """Serve devices from ``store``."""
+        self._store = store
+
+    def list(self, selector: Mapping[str, str] | str | None = None) -> list[DeviceView]:
+        """Every device ``selector`` selects (all by default), by id.
+
+        Costs a fixed number of queries however many devices there are.
+
+        Args:
+            selector: Required labels, as a mapping or as text such as ``kind=camera``.
+
+        Raises:
+            ValidationError: A malformed selector.
+            StoreError: The store failed or holds corrupt data.
+        """
+        wanted = parse_selector(selector) if isinstance(selector, str) else selector
+        return [_device_view(s) for s in self._store.device_states(check_labels(wanted or {}))]
+
+    def get(self, device_id: str) -> DeviceView:
+        """One device.
+
+        Raises:
+            NotFoundError: No device of that id ever registered.
+            StoreError: The store failed or holds corrupt data.
+        """
+        found = self._store.device_states(device_id=device_id)
+        if not found:
+            raise NotFoundError(f"no device {device_id!r}")
+        return _device_view(found[0])
+
+
+def _group_view(group: GroupRecord, labels: Sequence[Mapping[str, str]]) -> GroupView:
+    try:
+        selector = parse_selector(group.selector)
+    except ValidationError as exc:
+        raise StoreError(f"group {group.name!r} has a corrupt selector: {exc}") from exc
+    selected = sum(matches(selector, device) for device in labels)
+    return GroupView(group.name, group.selector, selected)
+
+
+class GroupService:
+    """Named label selectors over devices."""
+
+    def __init__(self, store: Store) -> None:
+        """Serve groups from ``store``."""
+        self._store = store
+
+    def create(self, name: str, selector: str) -> GroupView:
+        """Create a group; its selector is stored in canonical form.
+
+        Raises:
+            ValidationError: A malformed name or selector.
+            ConflictError: A group of that name exists.
+            StoreError: The store failed.
+        """
+        group = self._store.create_group(name, selector)
+        return self._view([group])[0]
+
+    def list(self) -> list[GroupView]:
+        """Every group, by name, with how many devices it selects (a fixed number of queries).
+
+        Raises:
+            StoreError: The store failed or holds a corrupt selector.
+        """
+        return self._view(self._store.list_groups())
+
+    def _view(self, groups: Sequence[GroupRecord]) -> builtins.list[GroupView]:
+        labels = [d.labels for d in self._store.list_devices()] if groups else []
+        return [_group_view(g, labels) for g in groups]

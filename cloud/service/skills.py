@@ -1,0 +1,96 @@
+"""Skill versions: publish a built bundle (sign, record, link its models) and list them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from cloud.errors import ConflictError, NotFoundError, ValidationError
+from cloud.service.views import PublishedSkill, SkillVersionView
+from cloud.store import SkillVersionRecord, Store
+from cloud.store.models import ModelTables
+from skills.bundle import read_manifest
+from skills.errors import SkillError
+from skills.trust import TrustRepository
+
+__all__ = ["SkillService", "version_view"]
+
+
+def version_view(rec: SkillVersionRecord) -> SkillVersionView:
+    """The view of a stored skill version."""
+    return SkillVersionView(
+        rec.name, rec.version, rec.target_name, rec.sha256, rec.size, rec.created_ms
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SkillService:
+    """Publishing and listing skill versions."""
+
+    def __init__(self, store: Store, trust: TrustRepository, clock: Callable[[], int]) -> None:
+        """Publish into ``trust`` and record in ``store``; ``clock`` gives milliseconds."""
+        self._store = store
+        self._trust = trust
+        self._clock = clock
+        self._models = ModelTables(store.engine)
+
+    def publish(self, bundle: Path) -> PublishedSkill:
+        """Sign a built bundle into the TUF repository, record the version, link its models.
+
+        Versions are immutable: publishing the same bundle again changes nothing;
+        other content under a published name and version is refused before
+        anything is signed.
+
+        Raises:
+            ValidationError: The bundle is unreadable or malformed.
+            ConflictError: This name and version exist with other content.
+            StoreError: The store failed.
+        """
+        try:
+            manifest = read_manifest(bundle)
+            digest = _sha256(bundle)
+        except (SkillError, OSError) as exc:
+            raise ValidationError(f"cannot publish {bundle}: {exc}") from exc
+        self._refuse_other_content(manifest.name, manifest.version, digest)
+        target_name = f"{manifest.name}/{manifest.name}-{manifest.version}.skill"
+        try:
+            ref = self._trust.add_target(target_name, bundle)
+        except (SkillError, OSError) as exc:
+            raise ValidationError(f"cannot sign {bundle}: {exc}") from exc
+        rec = self._store.add_skill_version(
+            manifest.name,
+            manifest.version,
+            target_name=target_name,
+            sha256=ref.sha256,
+            size=ref.length,
+            manifest=manifest.to_toml(),
+            now_ms=self._clock(),
+        )
+        linked = self._models.link_skill_version(rec.name, rec.version)
+        return PublishedSkill(version_view(rec), len(linked))
+
+    def _refuse_other_content(self, name: str, version: str, digest: str) -> None:
+        try:
+            existing = self._store.get_skill_version(name, version)
+        except NotFoundError:
+            return
+        if existing.sha256 != digest:
+            raise ConflictError(
+                f"{name} {version} exists with other content; versions are immutable"
+            )
+
+    def list(self, name: str | None = None) -> list[SkillVersionView]:
+        """Published versions (of one skill when ``name`` is given), oldest first per skill.
+
+        Raises:
+            StoreError: The store failed.
+        """
+        return [version_view(r) for r in self._store.list_skill_versions(name)]

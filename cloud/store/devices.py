@@ -1,0 +1,153 @@
+"""Devices and groups: who is in the fleet, with which labels, and named selectors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Row, delete, select, update
+
+from cloud.errors import ConflictError, NotFoundError
+from cloud.selectors import check_labels, format_selector, parse_selector
+from cloud.store import checks as check
+from cloud.store.base import StoreBase
+from cloud.store.desired import recompute, selector_clause
+from cloud.store.records import DeviceRecord, GroupRecord
+from cloud.store.schema import device_groups, device_labels, devices
+
+__all__ = ["DeviceTables", "device_record"]
+
+
+def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
+    """Turn a ``devices`` row and the device's labels into a record."""
+    return DeviceRecord(
+        row.device_id, labels, json.loads(row.profile), row.last_seen_ms, row.online
+    )
+
+
+class DeviceTables(StoreBase):
+    """Transactional access to devices and groups."""
+
+    # devices
+
+    def register_device(
+        self,
+        device_id: str,
+        labels: Mapping[str, str],
+        profile: Mapping[str, object],
+        *,
+        now_ms: int,
+    ) -> DeviceRecord:
+        """Insert or update a device, mark it online and recompute its desired state.
+
+        Raises:
+            ValidationError: A malformed id, label or profile, or a profile over the cap.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        labels = check_labels(labels)
+        profile_text = check.profile_json(profile)
+        check.counter(now_ms, "now_ms")
+        values = {"profile": profile_text, "last_seen_ms": now_ms, "online": True}
+        upsert = self._dialect.insert(devices).values(device_id=device_id, **values)
+        with self._tx(write=True, lock="shared") as conn:
+            conn.execute(upsert.on_conflict_do_update(index_elements=["device_id"], set_=values))
+            conn.execute(delete(device_labels).where(device_labels.c.device_id == device_id))
+            if labels:
+                rows = [{"device_id": device_id, "key": k, "value": v} for k, v in labels.items()]
+                conn.execute(device_labels.insert(), rows)
+            recompute(conn, devices.c.device_id == device_id)
+        return DeviceRecord(device_id, labels, json.loads(profile_text), now_ms, True)
+
+    def touch_device(self, device_id: str, *, now_ms: int, online: bool | None = None) -> None:
+        """Record that a device was heard from, optionally changing its presence.
+
+        Raises:
+            ValidationError: A malformed id or time.
+            NotFoundError: The device never registered.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        check.counter(now_ms, "now_ms")
+        values: dict[str, object] = {"last_seen_ms": now_ms}
+        if online is not None:
+            values["online"] = bool(online)
+        stmt = update(devices).where(devices.c.device_id == device_id).values(**values)
+        with self._tx(write=True) as conn:
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(f"no device {device_id!r}")
+
+    def get_device(self, device_id: str) -> DeviceRecord | None:
+        """Return one device, or None if it never registered.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        found = self._devices(devices.c.device_id == device_id)
+        return found[0] if found else None
+
+    def list_devices(self, selector: Mapping[str, str] | None = None) -> list[DeviceRecord]:
+        """Return the devices ``selector`` selects (all when None or empty), by id.
+
+        Raises:
+            ValidationError: The selector is malformed.
+            StoreError: The database failed.
+        """
+        return self._devices(selector_clause(check_labels(selector or {})))
+
+    def _devices(self, where: Any) -> list[DeviceRecord]:
+        ids = select(devices.c.device_id).where(where)
+        with self._tx() as conn:
+            labels: dict[str, dict[str, str]] = {}
+            for row in conn.execute(
+                select(device_labels).where(device_labels.c.device_id.in_(ids))
+            ):
+                labels.setdefault(row.device_id, {})[row.key] = row.value
+            rows = conn.execute(select(devices).where(where).order_by(devices.c.device_id))
+            return [device_record(row, labels.get(row.device_id, {})) for row in rows]
+
+    # groups
+
+    def create_group(self, name: str, selector: str) -> GroupRecord:
+        """Create a named group; its selector is stored in canonical form.
+
+        Raises:
+            ValidationError: A malformed name or selector.
+            ConflictError: A group of that name exists.
+            StoreError: The database failed.
+        """
+        check.name(name, "group name")
+        canonical = format_selector(parse_selector(selector))
+        stmt = (
+            self._dialect.insert(device_groups)
+            .values(name=name, selector=canonical)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        with self._tx(write=True) as conn:
+            if conn.execute(stmt).rowcount == 0:
+                raise ConflictError(f"group {name!r} exists")
+        return GroupRecord(name, canonical)
+
+    def get_group(self, name: str) -> GroupRecord:
+        """Return one group.
+
+        Raises:
+            NotFoundError: No group of that name.
+            StoreError: The database failed.
+        """
+        with self._tx() as conn:
+            row = conn.execute(select(device_groups).where(device_groups.c.name == name)).first()
+        if row is None:
+            raise NotFoundError(f"no group {name!r}")
+        return GroupRecord(row.name, row.selector)
+
+    def list_groups(self) -> list[GroupRecord]:
+        """Return every group, by name.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        with self._tx() as conn:
+            rows = conn.execute(select(device_groups).order_by(device_groups.c.name)).all()
+        return [GroupRecord(row.name, row.selector) for row in rows]

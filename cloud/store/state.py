@@ -1,0 +1,187 @@
+"""Desired and reported device state, one device or the whole fleet at a time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import Row, select
+
+from cloud.errors import NotFoundError, StoreError
+from cloud.selectors import check_labels
+from cloud.store import checks as check
+from cloud.store.base import StoreBase
+from cloud.store.desired import decode_skills, selector_clause
+from cloud.store.devices import device_record
+from cloud.store.records import (
+    DesiredRecord,
+    DeviceStateRecord,
+    ReportedRecord,
+    SkillStatusRecord,
+)
+from cloud.store.schema import desired_states, device_labels, devices, reported_states
+
+__all__ = ["StateTables"]
+
+
+class StateTables(StoreBase):
+    """Transactional access to what the hub wants on devices and what they report."""
+
+    def desired_for(self, device_id: str) -> DesiredRecord:
+        """Return what the hub wants on a device (generation 0 and nothing if unknown).
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        query = select(desired_states).where(desired_states.c.device_id == device_id)
+        with self._tx() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return DesiredRecord(device_id, 0, ())
+        return DesiredRecord(device_id, row.generation, decode_skills(row.skills))
+
+    def desired_generations(self) -> dict[str, int]:
+        """Every registered device's desired generation (0 when nothing was ever desired).
+
+        One query for the whole fleet, so a hub can poll it for changes.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        joined = devices.outerjoin(
+            desired_states, desired_states.c.device_id == devices.c.device_id
+        )
+        query = select(devices.c.device_id, desired_states.c.generation).select_from(joined)
+        with self._tx() as conn:
+            return {row.device_id: int(row.generation or 0) for row in conn.execute(query)}
+
+    def desired_many(self, device_ids: Sequence[str]) -> list[DesiredRecord]:
+        """Return the desired state of several devices, in one query per 500 ids.
+
+        Devices with no stored desired state get generation 0 and no skills.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        ids = list(dict.fromkeys(device_ids))
+        found: dict[str, DesiredRecord] = {}
+        with self._tx() as conn:
+            for start in range(0, len(ids), 500):
+                batch = ids[start : start + 500]
+                query = select(desired_states).where(desired_states.c.device_id.in_(batch))
+                for row in conn.execute(query):
+                    found[row.device_id] = DesiredRecord(
+                        row.device_id, row.generation, decode_skills(row.skills)
+                    )
+        return [found.get(d, DesiredRecord(d, 0, ())) for d in ids]
+
+    def save_report(
+        self,
+        device_id: str,
+        generation: int,
+        skills: Sequence[SkillStatusRecord],
+        *,
+        now_ms: int,
+    ) -> None:
+        """Store a device's report of its skills, replacing an older one.
+
+        ``now_ms`` is when the device made the report. A report that arrives late
+        (redelivered after a newer one) changes nothing: it replaces the stored one
+        only when it answers a newer desired generation, or the same one and was
+        made no earlier.
+
+        Raises:
+            ValidationError: A malformed id, generation, time or status.
+            NotFoundError: The device never registered.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        check.counter(generation, "generation")
+        check.counter(now_ms, "now_ms")
+        encoded = json.dumps([asdict(s) for s in check.statuses(skills)], sort_keys=True)
+        values = {"generation": generation, "skills": encoded, "reported_ms": now_ms}
+        stmt = (
+            self._dialect.insert(reported_states)
+            .values(device_id=device_id, **values)
+            .on_conflict_do_update(
+                index_elements=["device_id"],
+                set_=values,
+                where=(reported_states.c.generation < generation)
+                | (
+                    (reported_states.c.generation == generation)
+                    & (reported_states.c.reported_ms <= now_ms)
+                ),
+            )
+        )
+        with self._tx(write=True) as conn:
+            known = select(devices.c.device_id).where(devices.c.device_id == device_id)
+            if conn.execute(known).first() is None:
+                raise NotFoundError(f"no device {device_id!r}")
+            conn.execute(stmt)
+
+    def reported_for(self, device_id: str) -> ReportedRecord | None:
+        """Return a device's latest report, or None if it never reported.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        query = select(reported_states).where(reported_states.c.device_id == device_id)
+        with self._tx() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else _report_record(row)
+
+    def device_states(
+        self, selector: Mapping[str, str] | None = None, *, device_id: str | None = None
+    ) -> list[DeviceStateRecord]:
+        """Return the devices ``selector`` selects with their desired generation and last report.
+
+        One transaction and a fixed number of queries, however many devices there are.
+        With ``device_id``, only that device (if the selector selects it).
+
+        Raises:
+            ValidationError: The selector is malformed.
+            StoreError: The database failed or holds corrupt data.
+        """
+        where = selector_clause(check_labels(selector or {}))
+        if device_id is not None:
+            where = where & (devices.c.device_id == device_id)
+        ids = select(devices.c.device_id).where(where)
+        with self._tx() as conn:
+            labels: dict[str, dict[str, str]] = {}
+            for row in conn.execute(
+                select(device_labels).where(device_labels.c.device_id.in_(ids))
+            ):
+                labels.setdefault(row.device_id, {})[row.key] = row.value
+            generations = {
+                row.device_id: int(row.generation)
+                for row in conn.execute(
+                    select(desired_states.c.device_id, desired_states.c.generation).where(
+                        desired_states.c.device_id.in_(ids)
+                    )
+                )
+            }
+            reports = {
+                row.device_id: _report_record(row)
+                for row in conn.execute(
+                    select(reported_states).where(reported_states.c.device_id.in_(ids))
+                )
+            }
+            rows = conn.execute(select(devices).where(where).order_by(devices.c.device_id)).all()
+        return [
+            DeviceStateRecord(
+                device_record(row, labels.get(row.device_id, {})),
+                generations.get(row.device_id, 0),
+                reports.get(row.device_id),
+            )
+            for row in rows
+        ]
+
+
+def _report_record(row: Row[Any]) -> ReportedRecord:
+    try:
+        skills = tuple(SkillStatusRecord(**item) for item in json.loads(row.skills))
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"stored report of {row.device_id!r} is corrupt: {exc}") from exc
+    return ReportedRecord(row.device_id, row.generation, skills, row.reported_ms)

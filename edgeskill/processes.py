@@ -1,0 +1,112 @@
+"""Running EdgeSkill as child processes: ports, waiting, agent arguments, a group of children.
+
+The demo starts its hub and agents with these; the integration tests do the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Fleet", "agent_args", "free_port", "wait_for_port", "wait_until"]
+
+
+@dataclass
+class Fleet:
+    """Child processes of the demo (or a test), stopped together."""
+
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``edgeskill ARGS`` as a child named ``name``, logging to a file."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{name}.log").open("ab") as log:
+            env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "edgeskill.cli", *args], stdout=log, stderr=log, env=env
+            )
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        """Stop one child: ``sig`` first, SIGKILL after ``timeout_s``."""
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop_all(self) -> None:
+        """Stop every child."""
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout_s: float = 30.0) -> None:
+    """Block until something listens on ``port``.
+
+    Raises:
+        TimeoutError: nothing listened in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25
+) -> None:
+    """Poll ``check`` until it holds.
+
+    Raises:
+        TimeoutError: it did not hold within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def agent_args(
+    hub_url: str,
+    device_id: str,
+    labels: list[str],
+    state: Path,
+    root: Path,
+    source: Path | None,
+    board: str | None = None,
+) -> list[str]:
+    """Command-line arguments of ``edgeskill agent run`` for one device."""
+    args = ["agent", "run", "--hub", hub_url, "--device-id", device_id, "--state-dir", str(state)]
+    args += ["--trusted-root", str(root), "--telemetry-window", "1"]
+    for label in labels:
+        args += ["--label", label]
+    if source is not None:
+        args += ["--source", str(source)]
+    if board is not None:
+        args += ["--board", board]
+    return args

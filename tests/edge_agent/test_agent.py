@@ -1,0 +1,227 @@
+"""The injectable agent: parts from outside, durable sends, and skill events counted.
+
+These run real :class:`Agent` objects on the test's event loop with a real outbox
+and installs; the transport is a recording fake (an interface), and the skill is
+either a fake launcher's or a real sandboxed control process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.agent import Agent
+from edge_agent.config import AgentConfig
+from edge_agent.errors import TransportError
+from edge_agent.installs import InstallStore
+from edge_agent.outbox import Outbox
+from edge_agent.profile import DeviceProfile
+from edge_agent.sandbox.launcher import SkillLauncher, make_launcher
+from edge_agent.transport import AgentTransport
+from edge_agent.workload import ReplaySource
+from protos import decode_envelope, kind_of, make_envelope, pb
+from tests.fakes.fake_launcher import FakeLauncher
+from tests.support import async_wait_until
+from tests.support.skillkit import build_skill
+
+PROFILE = DeviceProfile(
+    arch="x86_64",
+    accelerator="none",
+    board="test",
+    targets=("onnx-cpu",),
+    cpu_count=1,
+    memory_bytes=1 << 30,
+)
+
+EMITTER_TOML = """
+[skill]
+name = "emitter"
+version = "1.0.0"
+entrypoint = "emitter_skill:EmitterSkill"
+
+[resources]
+memory_mb = 512
+startup_timeout_s = 30.0
+
+[config]
+events_per_item = "0"
+"""
+
+EMITTER_CODE = """
+from skills.sdk import Skill
+
+
+class EmitterSkill(Skill):
+    def setup(self, ctx):
+        self._ctx = ctx
+        self._per_item = int(ctx.config["events_per_item"])
+
+    def process(self, item):
+        for i in range(self._per_item):
+            self._ctx.emit({"kind": "seen", "n": i})
+        return {"label": 0}
+"""
+
+
+def _committed_ids(db: Path) -> set[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return {row[0] for row in conn.execute("SELECT msg_id FROM entries")}
+    finally:
+        conn.close()
+
+
+class RecordingTransport(AgentTransport):
+    """Records what the agent sends and notes anything sent before its outbox commit."""
+
+    def __init__(self, outbox_db: Path) -> None:
+        self.outbox_db = outbox_db
+        self.sent: list[pb.Envelope] = []
+        self.sent_uncommitted: list[str] = []
+        self.inbox: asyncio.Queue[pb.Envelope] = asyncio.Queue()
+
+    async def connect(self, register: pb.Envelope) -> None:
+        await self.inbox.put(make_envelope("hub", welcome=pb.Welcome(heartbeat_s=60)))
+
+    async def send(self, env: pb.Envelope) -> None:
+        if kind_of(env) != "heartbeat" and env.id not in _committed_ids(self.outbox_db):
+            self.sent_uncommitted.append(env.id)
+        self.sent.append(env)
+
+    async def receive(self) -> pb.Envelope:
+        return await self.inbox.get()
+
+    async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
+        raise TransportError("this fake serves no files")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def close(self) -> None:
+        return None
+
+
+class OfflineTransport(RecordingTransport):
+    """A hub that cannot be reached."""
+
+    async def connect(self, register: pb.Envelope) -> None:
+        raise TransportError("hub unreachable")
+
+
+def _config(tmp_path: Path, **overrides: object) -> AgentConfig:
+    settings: dict[str, object] = {
+        "hub_url": "grpc://127.0.0.1:9",
+        "device_id": "cam-1",
+        "state_dir": tmp_path / "agent",
+        "telemetry_window_s": 0.2,
+        "reconcile_interval_s": 0.5,
+    }
+    settings.update(overrides)
+    return AgentConfig(**settings)  # type: ignore[arg-type]
+
+
+def _agent(
+    config: AgentConfig,
+    transport: AgentTransport,
+    launcher: SkillLauncher,
+    fetch_target: object = Path,
+    source: ReplaySource | None = None,
+) -> Agent:
+    state = config.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    return Agent(
+        config,
+        profile=PROFILE,
+        outbox=Outbox(state / "outbox.db"),
+        installs=InstallStore(state / "installs"),
+        fetch_target=fetch_target,  # type: ignore[arg-type]
+        launcher=launcher,
+        transport_factory=lambda: transport,
+        source=source,
+    )
+
+
+def _telemetry(entries: list[bytes]) -> list[pb.Telemetry]:
+    envs = [decode_envelope(p) for p in entries]
+    return [e.telemetry for e in envs if kind_of(e) == "telemetry"]
+
+
+def test_nothing_is_sent_before_it_is_committed_and_only_the_hubs_ack_releases_it(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    agent = _agent(config, transport, FakeLauncher())
+    count = 60
+
+    def sent_ids() -> set[str]:
+        return {e.id for e in transport.sent if kind_of(e) != "heartbeat"}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await async_wait_until(lambda: agent.transport is not None, 10, "the session")
+        envs = [
+            make_envelope("cam-1", telemetry=pb.Telemetry(skill="s", version="1", inferences=i))
+            for i in range(count)
+        ]
+        await asyncio.gather(*(agent.enqueue(e) for e in envs))
+        wanted = {e.id for e in envs}
+        await async_wait_until(lambda: wanted <= sent_ids(), 10, "every message sent")
+        # Sent is not released: everything waits for the hub's acknowledgement.
+        assert wanted <= _committed_ids(config.state_dir / "outbox.db")
+        await transport.inbox.put(make_envelope("hub", ack=pb.Ack(ids=sorted(sent_ids()))))
+        await async_wait_until(lambda: len(agent.outbox) == 0, 10, "the acks to release all")
+        stop.set()
+        await running
+
+    asyncio.run(main())
+    assert transport.sent_uncommitted == []
+    assert agent.outbox.commits < count  # the concurrent puts were batched
+
+
+@pytest.mark.slow
+def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> None:
+    src = tmp_path / "emitter-src"
+    (src / "control").mkdir(parents=True)
+    (src / "skill.toml").write_text(EMITTER_TOML)
+    (src / "control" / "emitter_skill.py").write_text(EMITTER_CODE)
+    bundle = build_skill(src, "1.0.0", [], tmp_path / "dist")
+    per_item, items = 3, 25
+
+    config = _config(tmp_path)
+    config.state_dir.mkdir(parents=True)
+    spec = pb.SkillSpec(
+        name="emitter",
+        version="1.0.0",
+        target_name="emitter/emitter-1.0.0.skill",
+        config={"events_per_item": str(per_item)},
+    )
+    desired = pb.DesiredState(generation=1, skills=[spec])
+    (config.state_dir / "desired.bin").write_bytes(desired.SerializeToString())
+    source = ReplaySource(x=np.zeros((items, 8, 8), dtype=np.float32), y=None)
+    launcher = make_launcher(PROFILE.targets, PROFILE.precisions, tmp_path / "logs")
+    transport = OfflineTransport(config.state_dir / "outbox.db")
+    agent = _agent(config, transport, launcher, lambda _name: bundle, source)
+
+    def stored() -> list[pb.Telemetry]:
+        return _telemetry([e.payload for e in agent.outbox.pending(limit=1000)])
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await async_wait_until(
+            lambda: sum(t.inferences for t in stored()) == items, 60, "every item's telemetry"
+        )
+        stop.set()
+        await running
+
+    asyncio.run(main())
+    with Outbox(config.state_dir / "outbox.db") as box:
+        windows = _telemetry([e.payload for e in box.pending(limit=1000)])
+    assert {(t.skill, t.version) for t in windows} == {("emitter", "1.0.0")}
+    assert sum(t.inferences for t in windows) == items
+    assert sum(t.metrics["events"] for t in windows) == per_item * items
