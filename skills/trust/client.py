@@ -177,6 +177,25 @@ class TrustClient:
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate(name, exc) from exc
 
+    def refresh(self) -> None:
+        """Refresh the metadata chain without fetching a target.
+
+        Run periodically, this is how a device notices a hub that froze or
+        replayed its metadata (an expired timestamp, an older version) even
+        while nothing new is deployed.
+
+        Raises:
+            TrustError: Verification failed (expired, rollback, bad signature, invalid).
+            FetchError: The fetch function failed (transport or hub trouble).
+            OSError: The local state folder cannot be read or written.
+        """
+        with self._lock:
+            fetcher = _HubFetcher(self._fetch, self._limits)
+            try:
+                self._updater(fetcher).refresh()
+            except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
+                raise _translate("metadata", exc) from exc
+
     def trusted_root_version(self) -> int:
         """Return the version of the root this client currently trusts.
 

@@ -1,0 +1,64 @@
+"""``TrustClient.refresh``: a device notices a frozen or replaying hub without a deployment."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from securesystemslib.signer import CryptoSigner
+from tuf.api.metadata import Metadata
+
+from skills.errors import FetchError, TrustError
+from skills.trust import TrustClient, TrustRepository
+
+
+def _client(tmp_path: Path, repo: TrustRepository, override: dict[str, bytes]) -> TrustClient:
+    def fetch(path: str, cap: int) -> bytes:
+        if path in override:
+            return override[path]
+        try:
+            return repo.read(path, cap)
+        except TrustError as exc:
+            raise FetchError(str(exc)) from exc
+
+    return TrustClient(tmp_path / "agent", fetch, repo.root_json())
+
+
+def _expired_timestamp(hub: Path) -> bytes:
+    md: Metadata[Any] = Metadata.from_bytes((hub / "metadata" / "timestamp.json").read_bytes())
+    md.signed.version += 1
+    md.signed.expires = datetime.now(UTC) - timedelta(minutes=1)
+    key = load_pem_private_key((hub / "keys" / "timestamp.pem").read_bytes(), None)
+    md.sign(CryptoSigner(key))
+    return md.to_bytes()
+
+
+def test_refresh_notices_a_frozen_hub_and_recovers_when_it_resumes(tmp_path: Path) -> None:
+    repo = TrustRepository.init(tmp_path / "hub")
+    override: dict[str, bytes] = {}
+    agent = _client(tmp_path, repo, override)
+    agent.refresh()  # a healthy hub: nothing to say
+
+    override["metadata/timestamp.json"] = _expired_timestamp(tmp_path / "hub")
+    with pytest.raises(TrustError, match="metadata expired"):
+        agent.refresh()
+
+    override.clear()
+    repo.refresh_timestamp()
+    agent.refresh()
+
+
+def test_refresh_notices_replayed_older_metadata(tmp_path: Path) -> None:
+    repo = TrustRepository.init(tmp_path / "hub")
+    override: dict[str, bytes] = {}
+    agent = _client(tmp_path, repo, override)
+    old = repo.read("metadata/timestamp.json", 1 << 14)
+    repo.refresh_timestamp()
+    agent.refresh()
+
+    override["metadata/timestamp.json"] = old
+    with pytest.raises(TrustError, match="rollback attack"):
+        agent.refresh()
