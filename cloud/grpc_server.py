@@ -12,18 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import grpc.aio
+from cryptography import x509
 
+from cloud.enrolment import Enrolled, Enroller, EnrolmentError
 from cloud.errors import (
     FetchRefusedError,
+    HubError,
     IdentityMismatchError,
     SessionRefusedError,
     StoreError,
+    ValidationError,
 )
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.session import DeviceSession, DropReason
@@ -32,7 +36,14 @@ from protos.fetch import GRPC_STATUS_NAMES
 from protos.limits import MAX_ENVELOPE_BYTES
 from protos.pem import read_pem
 
-__all__ = ["HubServicer", "ServerTls", "server_options", "start_grpc_server"]
+__all__ = [
+    "HubServicer",
+    "RevocationList",
+    "ServerTls",
+    "peer_common_name",
+    "server_options",
+    "start_grpc_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,7 @@ _REGISTER_TIMEOUT_S = 10.0
 _MAX_RECEIVE_BYTES = 1024 * 1024
 _SERVICE = pb.DESCRIPTOR.services_by_name["Hub"].full_name
 _DONE = object()
+_MAX_CRL_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,15 +63,60 @@ class ServerTls:
     cert_chain: bytes
     private_key: bytes
     client_ca: bytes
+    #: The CA's revocation list (PEM), re-read when it changes; None: nothing revoked.
+    crl: Path | None = None
 
     @classmethod
-    def from_files(cls, cert: Path, key: Path, client_ca: Path) -> ServerTls:
-        """Read the three PEM files.
+    def from_files(
+        cls, cert: Path, key: Path, client_ca: Path, crl: Path | None = None
+    ) -> ServerTls:
+        """Read the three PEM files (the CRL is read while serving).
 
         Raises:
             TransportError: a file is missing, unreadable, empty or too large.
         """
-        return cls(read_pem(cert), read_pem(key), read_pem(client_ca))
+        return cls(read_pem(cert), read_pem(key), read_pem(client_ca), crl)
+
+
+class RevocationList:
+    """The serials a CRL file revokes, re-read whenever the file changes.
+
+    Only a CRL signed by the CA counts. A file that cannot be read or checked
+    keeps the last good list (the hub writes it atomically, so that is an
+    operator's mistake, and it is logged).
+    """
+
+    def __init__(self, path: Path, ca_pem: bytes) -> None:
+        self.path = path
+        self._ca = x509.load_pem_x509_certificate(ca_pem)
+        self._stamp: tuple[int, int] | None = None
+        self._serials: frozenset[int] = frozenset()
+
+    def revoked(self, serial: int) -> bool:
+        """True when the CRL lists ``serial``."""
+        self._reload()
+        return serial in self._serials
+
+    def _reload(self) -> None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("cannot stat the CRL %s: %s", self.path, exc)
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            crl = x509.load_pem_x509_crl(read_pem(self.path, _MAX_CRL_BYTES))
+            if not crl.is_signature_valid(self._ca.public_key()):  # type: ignore[arg-type]
+                raise ValueError("not signed by the hub CA")
+        except (HubError, ValueError, TypeError) as exc:
+            log.warning("keeping the last revocation list: %s: %s", self.path, exc)
+            return
+        self._serials = frozenset(r.serial_number for r in crl)
 
 
 def peer_common_name(context: grpc.aio.ServicerContext) -> str | None:
@@ -68,27 +125,67 @@ def peer_common_name(context: grpc.aio.ServicerContext) -> str | None:
     return names[0].decode("utf-8", "replace") if names else None
 
 
+def _peer_serial(context: grpc.aio.ServicerContext) -> int | None:
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        return None
+    try:
+        return int(x509.load_pem_x509_certificate(pems[0]).serial_number)
+    except ValueError:
+        return None
+
+
 class HubServicer:
     """Serves device control streams and fetches.
 
-    With ``bind_identity`` (set when serving mTLS), a connection may speak only
-    for the device named in its client certificate.
+    With ``bind_identity`` (set when serving mTLS), every call but ``Enroll``
+    needs a client certificate that is not revoked, and may speak only for
+    the device it names. Refusals are counted in ``core.dropped``.
     """
 
-    def __init__(self, core: HubCore, *, bind_identity: bool = False) -> None:
+    def __init__(
+        self,
+        core: HubCore,
+        *,
+        bind_identity: bool = False,
+        enroller: Enroller | None = None,
+        revocations: RevocationList | None = None,
+    ) -> None:
         self.core = core
         self.bind_identity = bind_identity
+        self.enroller = enroller
+        self.revocations = revocations
 
-    def _session(self, context: grpc.aio.ServicerContext) -> DeviceSession:
+    async def _identity(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The certificate's device (None without mTLS); aborts the call when there is none.
+
+        Raises:
+            grpc.aio.AbortError: no certificate, or a revoked one.
+        """
         if not self.bind_identity:
+            return None
+        device = peer_common_name(context)
+        serial = _peer_serial(context)
+        if not device or serial is None:
+            self.core.dropped[DropReason.NO_CERTIFICATE] += 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a device certificate is needed")
+        if self.revocations is not None and self.revocations.revoked(serial or 0):
+            self.core.dropped[DropReason.REVOKED_CERTIFICATE] += 1
+            log.warning("refused a revoked certificate of %r (serial %s)", device, serial)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this certificate is revoked")
+        return device
+
+    async def _session(self, context: grpc.aio.ServicerContext) -> DeviceSession:
+        device = await self._identity(context)
+        if device is None:
             return self.core.session()
-        return self.core.session(peer_common_name(context) or "", bound=True)
+        return self.core.session(device, bound=True)
 
     async def Connect(
         self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Envelope]:
         """One device's control stream: register first, then anything."""
-        session = self._session(context)
+        session = await self._session(context)
         try:
             first = await asyncio.wait_for(anext(request_iterator), _REGISTER_TIMEOUT_S)
         except (TimeoutError, StopAsyncIteration, grpc.aio.AioRpcError):
@@ -150,7 +247,7 @@ class HubServicer:
     ) -> AsyncIterator[pb.FetchChunk]:
         """Stream one repository file in chunks."""
         try:
-            req, size, chunks = await self._session(context).fetch(request)
+            req, size, chunks = await (await self._session(context)).fetch(request)
         except IdentityMismatchError as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             return
@@ -172,11 +269,61 @@ class HubServicer:
     async def InferTail(
         self, request: pb.InferRequest, context: grpc.aio.ServicerContext
     ) -> pb.InferResponse:
-        """Split inference is not served by this hub yet."""
+        """Split inference is not served by this hub yet (only enrolled devices learn that)."""
+        await self._identity(context)
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "split inference is not enabled on this hub"
         )
         raise AssertionError("unreachable")
+
+    async def Enroll(
+        self, request: pb.EnrollRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EnrollResponse:
+        """Enrol a device with a claim token and a CSR (server TLS is enough)."""
+        enroller = await self._enroller(context)
+        return await self._enrolled(
+            context, lambda: enroller.enroll(request.claim_token, request.csr_pem)
+        )
+
+    async def Renew(
+        self, request: pb.RenewRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EnrollResponse:
+        """A new certificate for the device the current one names (mTLS)."""
+        enroller = await self._enroller(context)
+        device = await self._identity(context)
+        if device is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "renewal needs mutual TLS")
+        return await self._enrolled(context, lambda: enroller.renew(str(device), request.csr_pem))
+
+    async def _enroller(self, context: grpc.aio.ServicerContext) -> Enroller:
+        if self.enroller is None or not self.bind_identity:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "this hub does not enrol devices (no TLS)"
+            )
+        assert self.enroller is not None
+        return self.enroller
+
+    async def _enrolled(
+        self, context: grpc.aio.ServicerContext, call: Callable[[], Enrolled]
+    ) -> pb.EnrollResponse:
+        try:
+            done = await asyncio.to_thread(call)
+        except EnrolmentError as exc:
+            self.core.dropped[f"enrolment-{exc.reason}"] += 1
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{exc.reason}: {exc}")
+        except ValidationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except HubError:
+            log.exception("enrolment failed")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot enrol you now")
+        log.info("issued a certificate to %s (until %d)", done.device_id, done.not_after_ms)
+        return pb.EnrollResponse(
+            certificate_pem=done.certificate_pem,
+            ca_pem=done.ca_pem,
+            director_public_pem=done.director_public_pem,
+            not_after_ms=done.not_after_ms,
+            labels=done.labels,
+        )
 
 
 def _handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
@@ -195,6 +342,16 @@ def _handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
                 request_deserializer=pb.InferRequest.FromString,
                 response_serializer=pb.InferResponse.SerializeToString,
             ),
+            "Enroll": grpc.unary_unary_rpc_method_handler(
+                servicer.Enroll,
+                request_deserializer=pb.EnrollRequest.FromString,
+                response_serializer=pb.EnrollResponse.SerializeToString,
+            ),
+            "Renew": grpc.unary_unary_rpc_method_handler(
+                servicer.Renew,
+                request_deserializer=pb.RenewRequest.FromString,
+                response_serializer=pb.EnrollResponse.SerializeToString,
+            ),
         },
     )
 
@@ -211,32 +368,49 @@ def server_options() -> list[tuple[str, int]]:
 
 
 async def start_grpc_server(
-    core: HubCore, bind: str = "127.0.0.1:7443", tls: ServerTls | None = None
+    core: HubCore,
+    bind: str = "127.0.0.1:7443",
+    tls: ServerTls | None = None,
+    *,
+    enroller: Enroller | None = None,
+    enroll_bind: str | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start serving ``core`` on ``bind`` (port 0 picks a free one).
 
-    With ``tls`` the server speaks mutual TLS only: a client must present a
-    certificate signed by ``tls.client_ca``, and may act only as the device
-    its certificate names. Desired-state changes reach streams only while the
-    core's loops run (the hub's control-loop host, or :func:`cloud.hubcore.running`).
+    With ``tls`` the port speaks mutual TLS only: a client must present a
+    certificate signed by ``tls.client_ca`` and not revoked by ``tls.crl``, and
+    may act only as the device its certificate names. gRPC's Python server
+    cannot ask for a client certificate without requiring one, so devices
+    that have none yet enrol on a second, server-TLS-only port,
+    ``enroll_bind``, where every call but ``Enroll`` is refused. Desired-state
+    changes reach streams only while the core's loops run (the hub's
+    control-loop host, or :func:`cloud.hubcore.running`).
 
     Returns:
-        The running server and the port it listens on.
+        The running server and the port it listens on (the mTLS one).
 
     Raises:
-        RuntimeError: the address could not be bound.
+        RuntimeError: an address could not be bound.
     """
+    revocations = None
+    if tls is not None and tls.crl is not None:
+        revocations = RevocationList(tls.crl, tls.client_ca)
+    servicer = HubServicer(
+        core, bind_identity=tls is not None, enroller=enroller, revocations=revocations
+    )
     server = grpc.aio.server(options=server_options())
-    server.add_generic_rpc_handlers((_handler(HubServicer(core, bind_identity=tls is not None)),))
+    server.add_generic_rpc_handlers((_handler(servicer),))
     if tls is None:
         port = server.add_insecure_port(bind)
     else:
+        pair = [(tls.private_key, tls.cert_chain)]
         creds = grpc.ssl_server_credentials(
-            [(tls.private_key, tls.cert_chain)],
-            root_certificates=tls.client_ca,
-            require_client_auth=True,
+            pair, root_certificates=tls.client_ca, require_client_auth=True
         )
         port = server.add_secure_port(bind, creds)
+        enrol_creds = grpc.ssl_server_credentials(pair)
+        if enroll_bind and enroller and server.add_secure_port(enroll_bind, enrol_creds) == 0:
+            raise RuntimeError(f"could not bind {enroll_bind}")
     if port == 0:
         raise RuntimeError(f"could not bind {bind}")
     await server.start()

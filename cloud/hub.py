@@ -16,12 +16,15 @@ from pathlib import Path
 
 import tomli_w
 
+from cloud.director import HubDirector
+from cloud.enrolment import Enroller
 from cloud.errors import HubError, ValidationError
 from cloud.grpc_server import ServerTls, start_grpc_server
 from cloud.hubcore import HubCore
 from cloud.leader import Election, open_election
 from cloud.loops import LoopHost, periodic
 from cloud.metrics import start_hub_metrics
+from cloud.pki import PKI_DIR, init_hub_pki
 from cloud.store import Store, open_store
 from skills.trust import TrustRepository
 
@@ -30,19 +33,26 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "hub.toml"
 #: How often the leader re-signs the TUF timestamp, which expires within a day.
 TIMESTAMP_REFRESH_S = 3600.0
+_WILDCARDS = frozenset({"0.0.0.0", "::"})  # noqa: S104 - names to leave out of a certificate
+INSECURE_WARNING = (
+    "INSECURE MODE: gRPC without TLS. Anyone who reaches the port can register as any "
+    "device and read every bundle. Use this only on a closed test network."
+)
 
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """Where the hub's mTLS material lives: its certificate and key, and the devices' CA."""
+    """Where the hub's mTLS material lives: its certificate and key, the devices' CA, the CRL."""
 
     cert: Path
     key: Path
     client_ca: Path
+    crl: Path | None = None
 
     def resolve(self, home: Path) -> TlsFiles:
         """The same files with relative paths taken from ``home``."""
-        return TlsFiles(home / self.cert, home / self.key, home / self.client_ca)
+        crl = home / self.crl if self.crl is not None else None
+        return TlsFiles(home / self.cert, home / self.key, home / self.client_ca, crl)
 
     def load(self) -> ServerTls:
         """Read the PEM files.
@@ -50,7 +60,23 @@ class TlsFiles:
         Raises:
             TransportError: a file is missing, unreadable or too large.
         """
-        return ServerTls.from_files(self.cert, self.key, self.client_ca)
+        return ServerTls.from_files(self.cert, self.key, self.client_ca, self.crl)
+
+
+#: The files ``hub init`` makes, relative to the hub home.
+DEFAULT_TLS = TlsFiles(
+    Path(PKI_DIR, "server.crt"),
+    Path(PKI_DIR, "server.key"),
+    Path(PKI_DIR, "ca.crt"),
+    Path(PKI_DIR, "crl.pem"),
+)
+
+
+def enroll_bind_for(grpc_bind: str) -> str:
+    """The default enrolment address: the gRPC port plus one (port 0 stays 0)."""
+    host, _, port = grpc_bind.rpartition(":")
+    number = int(port) if port.isdigit() else 7443
+    return f"{host}:{number + 1 if number else 0}"
 
 
 def tls_files(cert: Path | None, key: Path | None, client_ca: Path | None) -> TlsFiles | None:
@@ -78,16 +104,28 @@ class HubConfig:
     grpc_bind: str = "127.0.0.1:7443"
     mqtt_url: str = ""
     tls: TlsFiles | None = None
+    #: Where devices without a certificate yet enrol (server TLS only).
+    enroll_bind: str = ""
+    #: Plain gRPC, no identities: only when asked for, loudly.
+    insecure: bool = False
 
     def dump(self, path: Path) -> None:
         """Write the settings to ``path``."""
-        data = {"store_url": self.store_url, "grpc_bind": self.grpc_bind, "mqtt_url": self.mqtt_url}
+        data: dict[str, object] = {
+            "store_url": self.store_url,
+            "grpc_bind": self.grpc_bind,
+            "mqtt_url": self.mqtt_url,
+            "enroll_bind": self.enroll_bind,
+            "insecure": self.insecure,
+        }
         if self.tls is not None:
             data |= {
                 "tls_cert": str(self.tls.cert),
                 "tls_key": str(self.tls.key),
                 "client_ca": str(self.tls.client_ca),
             }
+            if self.tls.crl is not None:
+                data["crl"] = str(self.tls.crl)
         path.write_text(tomli_w.dumps(data), encoding="utf-8")
 
     @classmethod
@@ -100,11 +138,16 @@ class HubConfig:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
             tls = tls_files(*(_opt_path(data, k) for k in ("tls_cert", "tls_key", "client_ca")))
+            if tls is not None:
+                tls = TlsFiles(tls.cert, tls.key, tls.client_ca, _opt_path(data, "crl"))
+            grpc_bind = str(data.get("grpc_bind", "127.0.0.1:7443"))
             return cls(
                 store_url=str(data["store_url"]),
-                grpc_bind=str(data.get("grpc_bind", "127.0.0.1:7443")),
+                grpc_bind=grpc_bind,
                 mqtt_url=str(data.get("mqtt_url", "")),
                 tls=tls,
+                enroll_bind=str(data.get("enroll_bind") or enroll_bind_for(grpc_bind)),
+                insecure=bool(data.get("insecure", False)),
             )
         except (OSError, tomllib.TOMLDecodeError, KeyError, ValidationError) as exc:
             raise HubError(f"cannot read hub config {path}: {exc}") from exc
@@ -127,24 +170,50 @@ class Hub:
         grpc_bind: str = "127.0.0.1:7443",
         mqtt_url: str = "",
         tls: TlsFiles | None = None,
+        *,
+        insecure: bool = False,
+        enroll_bind: str = "",
+        server_names: tuple[str, ...] = (),
     ) -> Hub:
-        """Create a new hub home with fresh signing keys.
+        """Create a new hub home with fresh signing keys, and its PKI unless ``insecure``.
+
+        By default the hub's CA, its server certificate (for 127.0.0.1,
+        localhost, the bind host and ``server_names``), its MQTT client
+        certificate (CN ``hub``) and an empty CRL are made in ``<home>/pki/``,
+        and gRPC serves mutual TLS.
 
         Args:
             home: the folder to create the hub in.
             store_url: SQLAlchemy URL of the registry; default SQLite in the home.
             grpc_bind: address the gRPC server listens on.
             mqtt_url: a broker to also serve devices through ('' for none).
-            tls: mTLS files for gRPC (relative paths are taken from the home).
+            tls: mTLS files of your own for gRPC (relative paths are taken from the home).
+            insecure: plain gRPC, no device identities (test networks only).
+            enroll_bind: where devices enrol; default the gRPC port plus one.
+            server_names: more DNS names or addresses for the hub's certificate.
 
         Raises:
-            HubError: the home already holds a hub.
+            HubError: the home already holds a hub, or the PKI cannot be written.
+            ValidationError: a server name cannot go into a certificate.
         """
         if (home / CONFIG_FILE).exists():
             raise HubError(f"{home} already holds a hub ({CONFIG_FILE} exists)")
         home.mkdir(parents=True, exist_ok=True)
         url = store_url or f"sqlite:///{(home / 'hub.db').resolve()}"
-        config = HubConfig(store_url=url, grpc_bind=grpc_bind, mqtt_url=mqtt_url, tls=tls)
+        if tls is None and not insecure:
+            host = grpc_bind.rpartition(":")[0].strip("[]")
+            names = [n for n in (host, *server_names) if n and n not in _WILDCARDS]
+            init_hub_pki(home, names)
+            Enroller(home).crl_pem()  # an empty CRL, so the broker can point at it
+            tls = DEFAULT_TLS
+        config = HubConfig(
+            store_url=url,
+            grpc_bind=grpc_bind,
+            mqtt_url=mqtt_url,
+            tls=None if insecure else tls,
+            enroll_bind=enroll_bind or enroll_bind_for(grpc_bind),
+            insecure=insecure,
+        )
         trust = TrustRepository.init(home / "trust")
         store = open_store(url)
         config.dump(home / CONFIG_FILE)
@@ -164,9 +233,20 @@ class Hub:
         """Release the store."""
         self.store.close()
 
+    def enroller(self) -> Enroller:
+        """Claims, enrolment, renewal and revocation for this hub's devices."""
+        return Enroller(self.home, self.store)
+
     def core(self) -> HubCore:
-        """The transport-independent message handler over this hub's state."""
-        return HubCore(self.store, self.trust)
+        """The transport-independent message handler over this hub's state.
+
+        Desired states go out signed with the hub's director key, unless the hub is insecure.
+
+        Raises:
+            HubError: the director key cannot be read or made.
+        """
+        director = None if self.config.insecure else HubDirector(self.home)
+        return HubCore(self.store, self.trust, director=director)
 
     async def serve(
         self,
@@ -175,6 +255,8 @@ class Hub:
         mqtt_url: str | None = None,
         tls: TlsFiles | None = None,
         metrics_bind: str | None = None,
+        *,
+        insecure: bool | None = None,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
@@ -189,6 +271,10 @@ class Hub:
         this process leads (see :mod:`cloud.leader`). With a SQLite store only
         one process may serve a home.
 
+        gRPC speaks mutual TLS with the hub's files unless the hub was made
+        ``insecure`` or ``insecure`` is set here; devices then enrol on the
+        configured ``enroll_bind``. Plain mode logs a loud warning.
+
         Raises:
             AlreadyServingError: SQLite, and another process serves this home.
             HubError: the serve lock or the leader election cannot be set up.
@@ -196,7 +282,12 @@ class Hub:
                 file cannot be read, or the metrics address cannot be bound.
             ValidationError: a malformed ``metrics_bind``.
         """
-        tls = tls or self.config.tls
+        insecure = self.config.insecure if insecure is None else insecure
+        tls = None if insecure else (tls or self.config.tls)
+        if tls is None and not insecure:
+            raise HubError(f"{self.home} has no TLS files; serve it with --insecure, or init anew")
+        if insecure:
+            log.warning(INSECURE_WARNING)
         server_tls = tls.resolve(self.home).load() if tls is not None else None
         url = self.config.mqtt_url if mqtt_url is None else mqtt_url
         async with contextlib.AsyncExitStack() as stack:
@@ -216,8 +307,13 @@ class Hub:
                 from cloud.mqtt_server import start_mqtt_server  # noqa: PLC0415 - paho only when used
 
                 stack.push_async_callback((await start_mqtt_server(core, url)).stop)
+            bind = grpc_bind or self.config.grpc_bind
             server, port = await start_grpc_server(
-                core, grpc_bind or self.config.grpc_bind, server_tls
+                core,
+                bind,
+                server_tls,
+                enroller=self.enroller(),
+                enroll_bind=enroll_bind_for(bind) if grpc_bind else self.config.enroll_bind,
             )
             stack.push_async_callback(server.stop, 1.0)
             log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
@@ -233,7 +329,18 @@ class Hub:
             periodic(self._refresh_timestamp, TIMESTAMP_REFRESH_S),
             leader_only=True,
         )
+        if not self.config.insecure:
+            host.add(
+                "crl-refresh",
+                periodic(self._refresh_crl, TIMESTAMP_REFRESH_S),
+                leader_only=True,
+            )
         return host
+
+    async def _refresh_crl(self) -> None:
+        # Mosquitto refuses every client once its CRL expires; re-sign it well before.
+        if await asyncio.to_thread(self.enroller().refresh_crl):
+            log.info("re-signed the certificate revocation list; run `edgeskill broker reload`")
 
     async def _refresh_timestamp(self) -> None:
         # The timestamp role expires within a day; re-sign it well before.

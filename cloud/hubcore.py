@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections import Counter
@@ -22,26 +23,25 @@ from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from cloud.desired_watch import DesiredNotifier
+from cloud.director import HubDirector, signed_envelope
 from cloud.errors import FetchRefusedError, FetchTooLargeError, ValidationError
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
-from cloud.store import SkillStatusRecord, Store
+from cloud.store import Store
 from cloud.telemetry_batcher import BatcherSettings, TelemetryBatcher
-from cloud.wire import desired_envelope, device_profile, telemetry_record
+from cloud.wire import (
+    desired_envelope,
+    desired_revision,
+    device_profile,
+    security_event_record,
+    skill_status_records,
+    telemetry_record,
+)
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from protos.fetch import FetchErrorCode
-from protos.limits import (
-    DEVICE_ID_PATTERN,
-    MAX_DEVICE_LABELS,
-    MAX_ERROR_CHARS,
-    MAX_NAME_CHARS,
-    MAX_REPORTED_SKILLS,
-    MAX_STATE_CHARS,
-    MAX_VARIANT_CHARS,
-    MAX_VERSION_CHARS,
-)
+from protos.limits import DEVICE_ID_PATTERN, MAX_DEVICE_LABELS, MAX_REPORTED_SKILLS
 from skills.errors import SkillError
 from skills.trust import TrustRepository
 
@@ -62,6 +62,8 @@ DEVICE_ID_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 #: A named long-running coroutine the hub's control-loop host keeps running.
 Loop = tuple[str, Callable[[], Awaitable[None]]]
 _DESIRED_BATCH = 500
+#: Most (kind, reason) pairs of device security events counted apart; the rest are "other".
+_MAX_EVENT_SERIES = 256
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,31 @@ def fetch_error_code(exc: Exception) -> FetchErrorCode:
 
 
 class HubCore:
-    """Transport-independent handling of device traffic, shared by every session."""
+    """Transport-independent handling of device traffic, shared by every session.
+
+    Args:
+        store: The hub's store.
+        trust: The TUF repository devices fetch from.
+        limits: Caps and tuning.
+        director: Signs each device's desired state (``signed_desired``). Without
+            one the core runs in the insecure mode: plain ``desired`` messages that
+            agents follow only when they run insecure too (logged loudly).
+    """
 
     def __init__(
-        self, store: Store, trust: TrustRepository, limits: HubLimits | None = None
+        self,
+        store: Store,
+        trust: TrustRepository,
+        limits: HubLimits | None = None,
+        *,
+        director: HubDirector | None = None,
     ) -> None:
         self.store = store
         self.trust = trust
         self.limits = limits = limits or HubLimits()
+        self.director = director
+        if director is None:
+            log.warning("INSECURE: no director key; desired state goes out unsigned")
         self.heartbeat_s = 5
         #: Messages dropped, by :class:`DropReason`; exported as metrics.
         self.dropped: Counter[str] = Counter()
@@ -127,7 +146,15 @@ class HubCore:
                 max_items=limits.telemetry_batch_items, linger_s=limits.telemetry_linger_s
             ),
         )
-        self.notifier = DesiredNotifier(store.desired_generations, limits.desired_poll_s)
+        #: Occurrences devices reported, by (kind, reason); exported as metrics.
+        self.security_events: Counter[tuple[str, str]] = Counter()
+        poll = (
+            store.desired_generations
+            if director is None
+            else functools.partial(director.revisions, store)
+        )
+        # The poll's values are revisions: director counters (generations when insecure).
+        self.notifier = DesiredNotifier(poll, limits.desired_poll_s)
         self._seen: Lru[tuple[str, str]] = Lru(limits.seen_ids)
         self._known: set[str] = set()
         self._unknown: Lru[str] = Lru(10_000)
@@ -220,13 +247,18 @@ class HubCore:
         return [welcome, await self.desired(device_id)]
 
     async def desired(self, device_id: str) -> pb.Envelope:
-        """The device's current desired state as an envelope.
+        """The device's current desired state as an envelope, signed unless insecure.
 
         Raises:
-            StoreError: the store failed.
+            StoreError: the store failed, or (DirectorError) the state cannot be signed.
         """
-        record = await asyncio.to_thread(self.store.desired_for, device_id)
-        return desired_envelope(device_id, record)
+        return await asyncio.to_thread(self._desired, device_id)
+
+    def _desired(self, device_id: str) -> pb.Envelope:
+        record = self.store.desired_for(device_id)
+        if self.director is None:
+            return desired_envelope(device_id, record)
+        return signed_envelope(device_id, self.director.instruction(self.store, record))
 
     async def desired_changes(
         self, published: Mapping[str, int]
@@ -239,13 +271,23 @@ class HubCore:
         Raises:
             StoreError: the store failed reading desired states.
         """
-        async for generations in self.notifier.snapshots():
-            self._known.update(generations)
-            changed = [d for d, g in generations.items() if g and g != published.get(d)]
+        async for revisions in self.notifier.snapshots():
+            self._known.update(revisions)
+            changed = [d for d, g in revisions.items() if g and g != published.get(d)]
             for start in range(0, len(changed), _DESIRED_BATCH):
                 batch = changed[start : start + _DESIRED_BATCH]
-                records = await asyncio.to_thread(self.store.desired_many, batch)
-                yield [desired_envelope(r.device_id, r) for r in records]
+                yield await asyncio.to_thread(self._desired_batch, batch)
+
+    def _desired_batch(self, devices: list[str]) -> list[pb.Envelope]:
+        if self.director is None:
+            return [desired_envelope(r.device_id, r) for r in self.store.desired_many(devices)]
+        found = self.store.instructions_many(devices)  # signed by the notifier's poll
+        return [signed_envelope(d, found[d]) for d in devices if d in found]
+
+    @staticmethod
+    def revision(env: pb.Envelope) -> int | None:
+        """What orders desired-state envelopes (see :func:`cloud.wire.desired_revision`)."""
+        return desired_revision(env)
 
     async def handle(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         """Handle one message from a registered device; return the replies.
@@ -279,6 +321,8 @@ class HubCore:
             record = telemetry_record(env.telemetry)
             # Acked only after the batch holding it committed (end-to-end ack).
             await self.telemetry.submit(env.id, device_id, record)
+        elif kind == "security_event":
+            await asyncio.to_thread(self._save_event, device_id, env)
         elif kind != "ack":
             raise ProtocolError(f"devices may not send {kind!r}")
         self.handled[kind] += 1
@@ -286,21 +330,27 @@ class HubCore:
             return [ack_envelope(device_id, env.id)]
         return []
 
+    def _save_event(self, device_id: str, env: pb.Envelope) -> None:
+        event = security_event_record(env.security_event)
+        if not self.store.add_security_event(env.id, device_id, event):
+            return  # a redelivered event: counted the first time
+        key = (event.kind, event.reason)
+        if key not in self.security_events and len(self.security_events) >= _MAX_EVENT_SERIES:
+            key = ("other", "other")
+        self.security_events[key] += event.count
+        log.warning(
+            "device %s reports %s (%s) x%d: %s",
+            device_id,
+            event.kind,
+            event.reason,
+            event.count,
+            event.detail[:200],
+        )
+
     def _save_report(self, device_id: str, report: pb.ReportedState, made_ms: int) -> None:
         if len(report.skills) > self.limits.max_skills_reported:
             raise ProtocolError(f"report lists more than {self.limits.max_skills_reported} skills")
-        statuses = [
-            SkillStatusRecord(
-                name=s.name[:MAX_NAME_CHARS],
-                version=s.version[:MAX_VERSION_CHARS],
-                state=s.state[:MAX_STATE_CHARS],
-                error=s.error[:MAX_ERROR_CHARS],
-                desired_version=s.desired_version[:MAX_VERSION_CHARS],
-                previous_version=s.previous_version[:MAX_VERSION_CHARS],
-                variant=s.variant[:MAX_VARIANT_CHARS],
-            )
-            for s in report.skills
-        ]
+        statuses = skill_status_records(report)
         self.store.save_report(device_id, report.generation, statuses, now_ms=made_ms)
 
     async def presence(self, device_id: str, *, online: bool) -> None:

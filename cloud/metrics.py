@@ -51,6 +51,14 @@ class HubCollector:
             "reason",
             self.core.dropped,
         )
+        events = CounterMetricFamily(
+            "edgeskill_hub_device_security_events",
+            "Refusals and containments devices reported, by kind and reason.",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), count in sorted(dict(self.core.security_events).items())[:MAX_SERIES]:
+            events.add_metric([kind, reason], count)
+        yield events
         batcher = self.core.telemetry
         yield CounterMetricFamily(
             "edgeskill_hub_telemetry_batches",

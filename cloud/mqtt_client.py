@@ -30,7 +30,7 @@ from cloud.errors import TransportError
 from protos.errors import ProtocolError
 from protos.topics import MqttEndpoint
 
-__all__ = ["HubMqttClient", "Incoming", "clear_retained"]
+__all__ = ["HubMqttClient", "Incoming", "clear_retained", "tls_context"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,21 @@ def _incoming(msg: mqtt.MQTTMessage) -> Incoming:
     )
 
 
+def tls_context(ep: MqttEndpoint) -> ssl.SSLContext:
+    """A TLS client context for ``ep``: its CA (or the system's) and its client certificate.
+
+    Raises:
+        TransportError: the CA, certificate or key file is missing, unreadable or bad.
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=ep.ca_file)
+        if ep.cert_file and ep.key_file:
+            ctx.load_cert_chain(ep.cert_file, ep.key_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise TransportError(f"cannot load the TLS files of {ep.redacted()}: {exc}") from exc
+    return ctx
+
+
 def _nodelay(client: mqtt.Client) -> None:
     sock = client.socket()
     if isinstance(sock, socket.socket):
@@ -81,6 +96,9 @@ class HubMqttClient:
         subscriptions: filters and options, subscribed on every connect.
         on_message: called on the asyncio loop for every message.
         max_packet: largest packet the broker may send us (MQTT 5 Maximum Packet Size).
+
+    Raises:
+        TransportError: the endpoint's TLS files cannot be loaded.
     """
 
     def __init__(
@@ -112,7 +130,7 @@ class HubMqttClient:
         if ep.username:
             client.username_pw_set(ep.username, ep.password)
         if ep.tls:
-            client.tls_set_context(ssl.create_default_context(cafile=ep.ca_file))
+            client.tls_set_context(tls_context(ep))
         client.reconnect_delay_set(1, 5)
         client.max_queued_messages_set(max_queued)
         props = Properties(PacketTypes.CONNECT)
@@ -215,6 +233,8 @@ def clear_retained(url: str, timeout_s: float = 5.0) -> int:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     if ep.username:
         client.username_pw_set(ep.username, ep.password)
+    if ep.tls:
+        client.tls_set_context(tls_context(ep))
     found: set[str] = set()
     lock = threading.Lock()
     last = [time.monotonic()]

@@ -8,6 +8,7 @@ deduplicates, counts drops and answers; the answers are published here.
 Desired-state changes found by the core's shared notifier are published as
 retained per-device messages; the retained messages of every hub process are
 tracked, so a change is published once whichever process sees it first.
+There is no group broadcast: everything the hub sends names one device.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from cloud.session import DropReason
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW
-from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint, TopicRef
+from protos.topics import DESIRED_KINDS, STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint, TopicRef
 
 __all__ = ["MqttHubServer", "MqttServerSettings", "start_mqtt_server"]
 
@@ -59,6 +60,11 @@ class MqttHubServer:
     """Serves devices through an MQTT 5 broker on behalf of one :class:`HubCore`."""
 
     def __init__(self, core: HubCore, url: str, settings: MqttServerSettings | None = None) -> None:
+        """Prepare the adapter; nothing connects before :meth:`start`.
+
+        Raises:
+            TransportError: a malformed URL, or its TLS files cannot be loaded.
+        """
         try:
             self.endpoint = MqttEndpoint.parse(url)
         except ProtocolError as exc:
@@ -79,7 +85,8 @@ class MqttHubServer:
         self._fetch_slots = asyncio.Semaphore(s.max_fetches)
         self._tasks: list[asyncio.Task[None]] = []
         self._fetch_tasks: set[asyncio.Task[None]] = set()
-        #: The desired generation last published (by any hub) per device.
+        #: The desired-state revision last published (by any hub) per device: the
+        #: director's counter, or the generation when the hub runs insecure.
         self.published: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -102,15 +109,6 @@ class MqttHubServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self.mqtt.stop()
-
-    def broadcast(self, key: str, value: str, env: pb.Envelope) -> bool:
-        """Publish ``env`` to every device carrying the label ``key=value``.
-
-        Raises:
-            ProtocolError: the label cannot name a topic, or the envelope is over the cap.
-        """
-        topic = self.topics.group_down(key, value, kind_of(env))
-        return self.mqtt.publish(topic, encode_envelope(env))
 
     # -- routing (on the event loop) ---------------------------------------------
 
@@ -136,9 +134,9 @@ class MqttHubServer:
             self.published.pop(device_id, None)
             return
         with contextlib.suppress(ProtocolError):
-            env = decode_envelope(msg.payload)
-            if kind_of(env) == "desired":
-                self.published[device_id] = env.desired.generation
+            revision = self.core.revision(decode_envelope(msg.payload))
+            if revision is not None:
+                self.published[device_id] = revision
 
     async def _worker(self, queue: asyncio.Queue[tuple[TopicRef, Incoming]]) -> None:
         while True:
@@ -160,13 +158,15 @@ class MqttHubServer:
 
     def _send(self, device: str, env: pb.Envelope) -> None:
         kind = kind_of(env)
+        desired = kind in DESIRED_KINDS
         if not self.mqtt.publish(
-            self.topics.down(device, kind), encode_envelope(env), retain=kind == "desired"
+            self.topics.down(device, kind), encode_envelope(env), retain=desired
         ):
             self.core.drop(DropReason.PUBLISH_FAILED, device)
             return
-        if kind == "desired":
-            self.published[device] = env.desired.generation
+        revision = self.core.revision(env) if desired else None
+        if revision is not None:
+            self.published[device] = revision
 
     # -- desired state -------------------------------------------------------------
 

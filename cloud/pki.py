@@ -14,7 +14,7 @@ import datetime
 import ipaddress
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +27,16 @@ from cloud.errors import HubError, TransportError, ValidationError
 from protos.pem import read_pem
 
 __all__ = [
+    "DEVICE_CERT_DAYS",
     "CertificateAuthority",
     "DeviceCredentials",
+    "HubPki",
     "IssuedCert",
+    "csr_common_name",
+    "init_hub_pki",
     "issue_device_credentials",
+    "load_csr",
+    "write_atomic",
 ]
 
 PKI_DIR = "pki"
@@ -38,6 +44,13 @@ DEFAULT_SERVER_NAMES = ("127.0.0.1", "localhost")
 _CA_DAYS = 3650
 _LEAF_DAYS = 825
 _MAX_PEM_BYTES = 64 * 1024
+#: Enrolled device certificates are short-lived; agents renew them when a third is left.
+DEVICE_CERT_DAYS = 90
+#: A CRL is re-signed at every revocation; this is how long one stays valid without.
+_CRL_DAYS = 30
+#: Largest certificate signing request the hub parses.
+MAX_CSR_BYTES = 8 * 1024
+_CSR_CURVES = (ec.SECP256R1, ec.SECP384R1)
 # X.509 caps a common name at 64 characters; device ids that fit are the ones we can bind.
 _CN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -97,7 +110,7 @@ class CertificateAuthority:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             _write_private_key(key_path, key)
-            _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+            write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
         except OSError as exc:
             raise HubError(f"cannot create the CA in {directory}: {exc}") from exc
         return cls(directory, cert, key)
@@ -152,10 +165,113 @@ class CertificateAuthority:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             _write_private_key(issued.key, key)
-            _write_atomic(issued.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+            write_atomic(issued.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
         except OSError as exc:
             raise HubError(f"cannot write the certificate for {common_name}: {exc}") from exc
         return issued
+
+    def sign_csr(
+        self, csr: x509.CertificateSigningRequest, common_name: str, days: int = DEVICE_CERT_DAYS
+    ) -> x509.Certificate:
+        """Sign a client certificate for the key in ``csr`` (checked by :func:`load_csr`).
+
+        Only the key is taken from the request: the name, lifetime and usage are the CA's.
+
+        Raises:
+            ValidationError: the common name cannot go into a certificate, or the key is
+                not an EC P-256/P-384 key.
+        """
+        _check_common_name(common_name)
+        key = csr.public_key()
+        if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, _CSR_CURVES):
+            raise ValidationError("a device key must be EC P-256 or P-384")
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        return (
+            _builder(subject, self.certificate.subject, key, _now(), days)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(ca=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), False
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+
+    def crl(self, revoked: Mapping[int, int]) -> bytes:
+        """A CRL (PEM) signed by this CA listing ``revoked`` (serial -> revoked at, ms)."""
+        now = _now()
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(self.certificate.subject)
+            .last_update(now - datetime.timedelta(minutes=5))
+            .next_update(now + datetime.timedelta(days=_CRL_DAYS))
+        )
+        for serial, when_ms in sorted(revoked.items()):
+            when = datetime.datetime.fromtimestamp(when_ms / 1000, datetime.UTC)
+            entry = x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when)
+            builder = builder.add_revoked_certificate(entry.build())
+        crl = builder.sign(self._key, hashes.SHA256())
+        return crl.public_bytes(serialization.Encoding.PEM)
+
+
+def load_csr(pem: bytes) -> x509.CertificateSigningRequest:
+    """Parse a PEM certificate signing request and check its self-signature.
+
+    Raises:
+        ValidationError: too large, not a CSR, or signed by another key than the one it holds.
+    """
+    if len(pem) > MAX_CSR_BYTES:
+        raise ValidationError(f"the CSR is larger than {MAX_CSR_BYTES} bytes")
+    try:
+        csr = x509.load_pem_x509_csr(pem)
+        valid = csr.is_signature_valid
+    except (ValueError, TypeError) as exc:
+        raise ValidationError(f"not a certificate signing request: {exc}") from exc
+    if not valid:
+        raise ValidationError("the CSR's signature does not match its key")
+    return csr
+
+
+def csr_common_name(csr: x509.CertificateSigningRequest) -> str:
+    """The subject CN a CSR asks for.
+
+    Raises:
+        ValidationError: none, or more than one.
+    """
+    names = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(names) != 1 or not isinstance(names[0].value, str):
+        raise ValidationError("the CSR must name exactly one subject CN (the device id)")
+    return names[0].value
+
+
+@dataclass(frozen=True)
+class HubPki:
+    """What ``hub init`` makes under ``<home>/pki/``."""
+
+    ca: Path
+    server: IssuedCert
+    mqtt_client: IssuedCert
+
+
+def init_hub_pki(home: Path, server_names: Sequence[str] = DEFAULT_SERVER_NAMES) -> HubPki:
+    """Create the hub's CA, its gRPC server certificate and its MQTT client certificate (CN hub).
+
+    Existing files are kept, so this is safe to run again.
+
+    Raises:
+        ValidationError: a server name cannot go into a certificate.
+        HubError: the PKI folder cannot be written.
+    """
+    pki = home / PKI_DIR
+    ca = CertificateAuthority.open_or_create(pki)
+    server = IssuedCert(pki / "server.crt", pki / "server.key")
+    if not (server.cert.exists() and server.key.exists()):
+        names = list(dict.fromkeys([*DEFAULT_SERVER_NAMES, *server_names]))
+        server = ca.issue("edgeskill-hub", pki, "server", names)
+    client = IssuedCert(pki / "hub-client.crt", pki / "hub-client.key")
+    if not (client.cert.exists() and client.key.exists()):
+        client = ca.issue("hub", pki, "hub-client")
+    return HubPki(ca.cert_path, server, client)
 
 
 def issue_device_credentials(
@@ -180,7 +296,7 @@ def issue_device_credentials(
     client = ca.issue(device_id, out_dir, device_id)
     ca_copy = out_dir / "ca.crt"
     try:
-        _write_atomic(ca_copy, ca.cert_path.read_bytes(), 0o644)
+        write_atomic(ca_copy, ca.cert_path.read_bytes(), 0o644)
     except OSError as exc:
         raise HubError(f"cannot write {ca_copy}: {exc}") from exc
     return DeviceCredentials(ca=ca_copy, server=server, client=client)
@@ -243,10 +359,15 @@ def _write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    _write_atomic(path, pem, 0o600)
+    write_atomic(path, pem, 0o600)
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, created with ``mode``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     # The mode is set at creation, so a key is never readable by others, even briefly.
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)

@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["ACKED_KINDS", "DEVICE_KINDS", "DeviceSession", "DropReason", "Lru", "ack_envelope"]
 
 #: Envelope kinds a device may send.
-DEVICE_KINDS = frozenset({"register", "heartbeat", "reported", "telemetry", "ack"})
+DEVICE_KINDS = frozenset(
+    {"register", "heartbeat", "reported", "telemetry", "ack", "security_event"}
+)
 #: Kinds the hub acknowledges once handled (the agent's outbox waits for it).
-ACKED_KINDS = frozenset({"reported", "telemetry"})
+ACKED_KINDS = frozenset({"reported", "telemetry", "security_event"})
 #: A safety net: a desired-state change normally arrives through the notifier.
 _DESIRED_RECHECK_S = 30.0
 
@@ -67,6 +69,8 @@ class DropReason(StrEnum):
     BAD_FETCH = "bad-fetch"  #: an MQTT fetch without a usable response topic or correlation
     FETCH_BUSY = "fetch-busy"  #: too many fetches at once
     INTERNAL_ERROR = "internal-error"  #: a bug; logged with its traceback
+    NO_CERTIFICATE = "no-certificate"  #: a device call without a verified client certificate
+    REVOKED_CERTIFICATE = "revoked-certificate"  #: a certificate on the revocation list
 
 
 def ack_envelope(device_id: str, msg_id: str) -> pb.Envelope:
@@ -229,7 +233,7 @@ class DeviceSession:
 
     def _registered(self, device_id: str, replies: list[pb.Envelope]) -> None:
         self.device_id = device_id
-        self._last_pushed = replies[-1].desired.generation
+        self._last_pushed = self.core.revision(replies[-1])
 
     async def _known(self, device_id: str, *, count: bool = True) -> bool:
         if device_id == self.device_id:
@@ -265,8 +269,9 @@ class DeviceSession:
                 except StoreError as exc:
                     self.drop(DropReason.STORE_ERROR, exc)
                     continue
-                if env.desired.generation != self._last_pushed:
-                    self._last_pushed = env.desired.generation
+                revision = self.core.revision(env)
+                if revision != self._last_pushed:
+                    self._last_pushed = revision
                     yield env
         finally:
             self.core.notifier.unsubscribe(device, changed)

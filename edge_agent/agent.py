@@ -21,6 +21,7 @@ from typing import Any
 
 from edge_agent import __version__
 from edge_agent.config import AgentConfig
+from edge_agent.desired_gate import DesiredGate
 from edge_agent.errors import AgentError, TransportError
 from edge_agent.installs import InstallStore
 from edge_agent.metrics import InferenceCounter, start_agent_metrics
@@ -29,11 +30,13 @@ from edge_agent.profile import DeviceProfile
 from edge_agent.reconciler import FetchTarget, Reconciler
 from edge_agent.sandbox import SkillProcess
 from edge_agent.sandbox.launcher import SkillLauncher
+from edge_agent.security_events import SecurityEvents
 from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource, WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.errors import ProtocolError
-from skills.errors import FetchError
+from skills.errors import FetchError, TrustError
+from skills.trust.director import InstructionError
 
 __all__ = ["Agent", "HubLink", "TransportFactory"]
 
@@ -42,8 +45,11 @@ log = logging.getLogger(__name__)
 #: Makes a new, unconnected transport to the hub; called once per session.
 TransportFactory = Callable[[], AgentTransport]
 
-_FETCH_TIMEOUT_S = 600.0
+_FETCH_TIMEOUT_S = 330.0  # the transports' 300 s deadline, plus margin; stalls end in 15 s
 _FLUSH_BATCH = 200
+#: Security events of one kind and reason go up at most once per window (with a count).
+_EVENT_WINDOW_S = 1.0
+#: How often TUF metadata is refreshed without a deployment, unless the config says.
 
 
 class HubLink:
@@ -107,6 +113,9 @@ class Agent:
         link: Where ``fetch_target`` finds the hub session; a fresh one by default.
         source: Inputs fed to every running skill, or ``None``.
         clock: Monotonic seconds, for uptime, resend timeouts and retry backoff.
+        refresh_metadata: Refreshes the TUF metadata without fetching a target (blocking;
+            raises TrustError when the hub's metadata is expired, rolled back or badly
+            signed); run every ``config.metadata_refresh_s``. None: no periodic refresh.
     """
 
     def __init__(
@@ -122,14 +131,32 @@ class Agent:
         link: HubLink | None = None,
         source: ReplaySource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        refresh_metadata: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
         self.outbox = outbox
         self.installs = installs
         self.link = link or HubLink(config.max_bundle_bytes)
-        self.reconciler = Reconciler(installs, fetch_target, launcher, self._changed, clock=clock)
-        self.desired: pb.DesiredState | None = _load_desired(config.state_dir / "desired.bin")
+        self.reconciler = Reconciler(
+            installs,
+            fetch_target,
+            launcher,
+            self._changed,
+            clock=clock,
+            on_event=self.security_event,
+        )
+        #: Only the director's signed instructions get through (plain ones when insecure).
+        self.gate = DesiredGate(
+            config.state_dir,
+            config.device_id,
+            director_key=config.director_key,
+            insecure=config.insecure,
+        )
+        #: Refusals and containments, counted and reported up.
+        self.security = SecurityEvents()
+        self._refresh_metadata = refresh_metadata
+        self._wake_events = asyncio.Event()
         self.heartbeat_s = 5.0
         self.windows: dict[tuple[str, str], WindowStats] = {}
         #: Running totals exported as metrics.
@@ -147,6 +174,11 @@ class Agent:
         self._seq = _read_int(config.state_dir / "telemetry.seq")
 
     @property
+    def desired(self) -> pb.DesiredState | None:
+        """The desired state being followed (the last one the gate accepted)."""
+        return self.gate.desired
+
+    @property
     def transport(self) -> AgentTransport | None:
         """The connected transport, or ``None`` between sessions."""
         return self.link.transport
@@ -157,6 +189,11 @@ class Agent:
         Raises:
             AgentError: the metrics address (``config.metrics_bind``) is malformed or taken.
         """
+        if self.config.insecure:
+            log.warning(
+                "INSECURE MODE: following unsigned desired state; anyone who can reach "
+                "the hub's channel can command this device"
+            )
         cleaned = await asyncio.to_thread(self.installs.recover)
         if cleaned:
             log.info("recovered from an interrupted install: %s", ", ".join(cleaned))
@@ -166,6 +203,8 @@ class Agent:
             self._flush_loop,
             self._workload,
             self._telemetry_loop,
+            self._events_loop,
+            self._refresh_loop,
         ]
         bind = self.config.metrics_bind
         metrics = start_agent_metrics(self, bind) if bind else None
@@ -180,6 +219,7 @@ class Agent:
                 await asyncio.to_thread(metrics.stop)
             await self.reconciler.shutdown()
             await self._flush_windows()
+            await self._send_events()
             self.outbox.close()
 
     async def _supervise(self, module: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -240,8 +280,10 @@ class Agent:
         while True:
             env = await transport.receive()
             kind = kind_of(env)
-            if kind == "desired":
-                self._on_desired(env.desired)
+            if kind == "signed_desired":
+                self._on_signed(env.signed_desired.instruction)
+            elif kind == "desired":
+                self._on_plain(env.desired)
             elif kind == "ack":
                 acked = await asyncio.to_thread(self.outbox.ack, list(env.ack.ids))
                 for msg_id in env.ack.ids:
@@ -251,13 +293,68 @@ class Agent:
             elif kind == "welcome":
                 self.heartbeat_s = max(1.0, float(env.welcome.heartbeat_s or 5))
 
-    def _on_desired(self, desired: pb.DesiredState) -> None:
-        if self.desired is not None and desired.generation < self.desired.generation:
-            return  # an old message, delivered late
-        self.desired = desired
-        _save_desired(self.config.state_dir / "desired.bin", desired)
+    def _on_signed(self, data: bytes) -> None:
+        try:
+            accepted = self.gate.accept_signed(data)
+        except InstructionError as exc:
+            self.security_event("desired-refused", exc.reason, str(exc), "signed_desired")
+            return
+        if accepted is not None:
+            self._follow()
+
+    def _on_plain(self, desired: pb.DesiredState) -> None:
+        try:
+            accepted = self.gate.accept_plain(desired)
+        except InstructionError as exc:
+            detail = f"{exc} (generation {desired.generation})"
+            self.security_event("desired-refused", exc.reason, detail, "desired")
+            return
+        if accepted is not None:
+            self._follow()
+
+    def _follow(self) -> None:
         self._report_due = True
         self._wake_reconcile.set()
+
+    # -- security events ----------------------------------------------------------
+
+    def security_event(self, kind: str, reason: str, detail: str = "", subject: str = "") -> None:
+        """Count a refusal or containment now and report it to the hub (coalesced).
+
+        Safe to call from the event loop only (the reconciler's ``on_event``).
+        """
+        self.security.record(kind, reason, detail, subject)
+        count = self.security.totals[(kind, reason)]
+        if count == 1 or count % 1000 == 0:  # visible in the log, but a flood cannot flood it
+            log.warning("refused (%s, %s; %d so far): %s", kind, reason, count, detail)
+        self._wake_events.set()
+
+    async def _events_loop(self) -> None:
+        while True:
+            await self._wake_events.wait()
+            self._wake_events.clear()
+            await self._send_events()
+            await asyncio.sleep(_EVENT_WINDOW_S)  # what comes meanwhile goes up as one event
+
+    async def _send_events(self) -> None:
+        for event in self.security.drain():
+            await self.enqueue(make_envelope(self.config.device_id, security_event=event))
+
+    async def _refresh_loop(self) -> None:
+        refresh = self._refresh_metadata
+        if refresh is None:
+            return
+        interval = self.config.metadata_refresh_s
+        while True:
+            await asyncio.sleep(interval)
+            if self.transport is None:
+                continue  # offline: nothing to compare with
+            try:
+                await asyncio.to_thread(refresh)
+            except TrustError as exc:
+                self.security_event("metadata-stale", _stale_reason(str(exc)), str(exc), "metadata")
+            except FetchError as exc:
+                log.info("metadata refresh failed: %s", exc)
 
     async def _heartbeat(self, transport: AgentTransport) -> None:
         while True:
@@ -392,20 +489,13 @@ def _write_int(path: Path, value: int) -> None:
     tmp.replace(path)
 
 
-def _load_desired(path: Path) -> pb.DesiredState | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    desired = pb.DesiredState()
-    try:
-        desired.ParseFromString(data)
-    except Exception:
-        return None
-    return desired
-
-
-def _save_desired(path: Path, desired: pb.DesiredState) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(desired.SerializeToString())
-    tmp.replace(path)
+def _stale_reason(message: str) -> str:
+    """A short reason for a failed metadata refresh, from the trust client's message."""
+    for word, reason in (
+        ("expired", "expired"),
+        ("rollback", "rollback"),
+        ("signature", "bad-signature"),
+    ):
+        if word in message:
+            return reason
+    return "invalid"

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent.sandbox.policy import OwnerLimits
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -30,6 +32,17 @@ class AgentConfig:
         tls_cert: PEM client certificate naming this device, for hubs that require mTLS.
         tls_key: the client certificate's PEM private key.
         metrics_bind: ``HOST:PORT`` to serve Prometheus metrics on (``None``: no endpoint).
+        insecure: plain ``grpc://``/``mqtt://`` without a device identity, and plain
+            (unsigned) desired states accepted; for closed test networks only.
+        director_key: the director's public key (PEM) for setups without enrolment;
+            by default the one enrolment keeps in ``<state_dir>/identity/director.pub``.
+        claim_token: the operator's claim token, used on the first start to enrol.
+        enroll_url: ``grpcs://HOST:PORT`` of the hub's enrolment port; by default the
+            ``grpcs://`` hub's port plus one.
+        renew_check_s: how often the agent checks whether its certificate needs renewing.
+        metadata_refresh_s: how often the agent refreshes its TUF metadata while nothing is
+            deployed, so that a frozen or replaying hub is noticed and reported.
+        skill_limits: the device owner's caps for every skill; manifests can only lower them.
     """
 
     hub_url: str
@@ -50,3 +63,10 @@ class AgentConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     metrics_bind: str | None = None
+    insecure: bool = False
+    director_key: Path | None = None
+    claim_token: str | None = None
+    enroll_url: str | None = None
+    renew_check_s: float = 3600.0
+    metadata_refresh_s: float = 300.0
+    skill_limits: OwnerLimits = field(default_factory=OwnerLimits)

@@ -162,6 +162,17 @@ class InstallStore:
         """
         return _is_complete(self._skill_dir(name) / _check_name("version", version, version=True))
 
+    def version_dir(self, name: str, version: str) -> Path:
+        """The folder of a complete unpacked version, active or not.
+
+        Raises:
+            InstallError: Bad name or version, or that version is not installed.
+        """
+        path = self._skill_dir(name) / _check_name("version", version, version=True)
+        if not _is_complete(path):
+            raise InstallError(f"{name} {version} is not installed")
+        return path
+
     def unpack(self, name: str, version: str, bundle: Path) -> Path:
         """Unpack a bundle into ``skills/<name>/<version>`` unless that version is already there.
 

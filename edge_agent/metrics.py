@@ -98,6 +98,14 @@ class AgentCollector:
         for (skill, version), count in sorted(agent.inference_counts.snapshot().items()):
             inferences.add_metric([skill, version], count)
         yield inferences
+        events = CounterMetricFamily(
+            "edgeskill_agent_security_events",
+            "Refusals and containments (forged desired state, stale hub, ...), by kind and reason.",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), count in sorted(dict(agent.security.totals).items()):
+            events.add_metric([kind, reason], count)
+        yield events
         yield GaugeMetricFamily(
             "edgeskill_agent_connected",
             "1 while a session with the hub is up.",

@@ -2,7 +2,7 @@
 
 A pure function with no I/O and no asyncio, so it can be property-tested:
 :func:`plan` looks at each skill and returns the *next* step it needs (fetch,
-switch, start, roll back, remove, prune). The executor
+start-then-switch, start, roll back, remove, prune). The executor
 (:class:`edge_agent.reconciler.Reconciler`) carries the steps out, records
 what failed, and asks again until nothing is left to do. Because every call
 starts from what is really on disk and running, a crash, a lost message or a
@@ -122,10 +122,15 @@ class Fetch:
 
 @dataclass(frozen=True)
 class Activate:
-    """Stop the skill's process and switch ``current`` to an unpacked version."""
+    """Stop the skill, start and health-check an unpacked version, then switch ``current``.
+
+    The health check runs *before* the switch: a version that fails it, or that takes
+    the agent down with it, never becomes ``current``.
+    """
 
     name: str
     version: str
+    config: Config = ()
 
 
 @dataclass(frozen=True)
@@ -223,8 +228,9 @@ def _next_step(
     if (spec.name, spec.version) in blocked:
         return _keep_current(spec, skill, blocked)
     if skill is not None and spec.version in skill.versions:
-        return Activate(spec.name, spec.version)
-    return Fetch(spec.name, spec.version, spec.target)
+        return Activate(spec.name, spec.version, spec.config)
+    # A crashed active version is restarted before (and while) the new one downloads.
+    return _keep_current(spec, skill, blocked) or Fetch(spec.name, spec.version, spec.target)
 
 
 def _active_step(

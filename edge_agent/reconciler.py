@@ -4,14 +4,22 @@ A thin executor around the pure rule in :mod:`edge_agent.planner`. Each pass
 gathers what is on disk and running, asks :func:`~edge_agent.planner.plan` for
 the next steps, carries them out, files what failed, and asks again until
 nothing is left to do. An install is: fetch through TUF, verify, unpack into
-staging, switch ``current`` atomically, health-check the new version by
-starting it, and roll back to the previous version when the check fails.
-Old versions beyond ``keep_versions`` are pruned once the desired one runs.
+staging, start the new version from its own folder and health-check it, and
+only then switch ``current`` atomically; a version that fails the check (or
+takes the agent down) never becomes ``current``, and the previous one is
+started again. Old versions beyond ``keep_versions`` are pruned once the
+desired one runs.
+
+Fetches run as background tasks beside supervision: while a bundle downloads
+(or a stalled hub holds it up until the transport's stall bound), each pass
+still restarts crashed skills and reports. Containments (a skill killed by a
+watchdog, a limit clamped, a failed health check) go to ``on_event``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -47,6 +55,8 @@ from skills.errors import SkillError
 log = logging.getLogger(__name__)
 
 FetchTarget = Callable[[str], Path]
+#: ``on_event(kind, reason, detail, subject)``: a refusal or containment to count and report.
+OnEvent = Callable[[str, str, str, str], None]
 
 RETRY_BASE_S = 3.0
 RETRY_MAX_S = 300.0
@@ -101,6 +111,8 @@ class Reconciler:
         on_change: Called whenever a skill's reported state changes.
         clock: Monotonic seconds, for fetch backoff.
         keep_versions: Versions of each skill kept on disk (current and previous first).
+        on_event: Told of every containment: ``("sandbox", reason, detail, "name version")``.
+        supervise_s: Longest a pass waits for a background fetch before it returns.
     """
 
     def __init__(
@@ -112,6 +124,8 @@ class Reconciler:
         *,
         clock: Callable[[], float] = time.monotonic,
         keep_versions: int = 2,
+        on_event: OnEvent | None = None,
+        supervise_s: float = 1.0,
     ) -> None:
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
@@ -127,6 +141,10 @@ class Reconciler:
         self._failures: dict[tuple[str, str], Failure] = {}
         self._fetch_tries: dict[tuple[str, str], int] = {}
         self._generation = UNKNOWN_GENERATION
+        self.on_event: OnEvent = on_event or (lambda _k, _r, _d, _s: None)
+        self.supervise_s = supervise_s
+        self._fetches: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._reported_deaths: set[int] = set()
 
     async def reconcile(self, desired: pb.DesiredState | None) -> None:
         """One pass. ``None`` means the hub's wishes are unknown: keep what is installed.
@@ -142,18 +160,52 @@ class Reconciler:
             self._fetch_tries.clear()
             self._generation = generation
         for _ in range(MAX_ROUNDS):
+            self._report_deaths()
             installed = await asyncio.to_thread(self._inventory)
-            actions = plan(
-                wanted,
-                installed.values(),
-                self._failures.values(),
-                self.clock(),
-                keep_versions=self.keep_versions,
-            )
+            actions = [
+                a
+                for a in plan(
+                    wanted,
+                    installed.values(),
+                    self._failures.values(),
+                    self.clock(),
+                    keep_versions=self.keep_versions,
+                )
+                if not self._fetching(a)
+            ]
             if not actions:
+                if await self._await_a_fetch():
+                    continue
                 return
             for action in actions:
                 await self._execute(action, installed.get(action.name), wanted)
+
+    def _fetching(self, action: Action) -> bool:
+        task = self._fetches.get((action.name, getattr(action, "version", "")))
+        return isinstance(action, Fetch) and task is not None and not task.done()
+
+    async def _await_a_fetch(self) -> bool:
+        """Wait up to ``supervise_s`` for a background fetch; whether one finished."""
+        for key in [k for k, t in self._fetches.items() if t.done()]:
+            del self._fetches[key]
+        if not self._fetches:
+            return False
+        done, _ = await asyncio.wait(
+            self._fetches.values(), timeout=self.supervise_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        return bool(done)
+
+    def _report_deaths(self) -> None:
+        """Report each control process that died since the last pass, with the reason."""
+        for name, proc in list(self.processes.items()):
+            if id(proc) in self._reported_deaths or proc.alive:
+                continue
+            self._reported_deaths.add(id(proc))
+            reason = getattr(proc, "kill_reason", None)
+            kind = _death_kind(reason)
+            subject = f"{name} {self._process_versions.get(name, '')}".strip()
+            log.warning("skill %s stopped: %s", subject, reason or "crashed")
+            self.on_event("sandbox", kind, reason or "the control process exited", subject)
 
     def _inventory(self) -> dict[str, Installed]:
         found: dict[str, Installed] = {}
@@ -181,9 +233,10 @@ class Reconciler:
         want = _wanted_version(wanted, action.name, current)
         match action:
             case Fetch():
-                await self._fetch(action, current or "")
+                key = (action.name, action.version)
+                self._fetches[key] = asyncio.create_task(self._fetch(action, current or ""))
             case Activate():
-                await self._activate(action, current or "")
+                await self._activate(action, current or "", want)
             case Start():
                 await self._start(action, want, previous or "")
             case Rollback():
@@ -203,14 +256,52 @@ class Reconciler:
             # The version that runs now keeps running; the failure is reported.
             self._retry_later(name, version)
             self._set(SkillState(name, current, "failed", str(exc), version, current))
+        except Exception as exc:  # a background task: nobody else would see it
+            log.exception("fetching %s %s failed unexpectedly", name, version)
+            self._retry_later(name, version)
+            self._set(SkillState(name, current, "failed", repr(exc), version, current))
 
-    async def _activate(self, action: Activate, current: str) -> None:
-        await self._stop(action.name)
+    async def _activate(self, action: Activate, current: str, want: str) -> None:
+        """Start the unpacked version from its folder; switch ``current`` only if healthy."""
+        name, version = action.name, action.version
+        await self._stop(name)
         try:
-            await asyncio.to_thread(self.installs.activate, action.name, action.version)
+            path = await asyncio.to_thread(self.installs.version_dir, name, version)
+            proc = await asyncio.to_thread(self.launcher, path, dict(action.config))
+        except _START_ERRORS as exc:
+            self._activation_failed(name, version, current, want, str(exc))
+            return
+        try:
+            await asyncio.to_thread(self.installs.activate, name, version)
         except InstallError as exc:
-            self._retry_later(action.name, action.version)
-            self._set(SkillState(action.name, current, "failed", str(exc), action.version, current))
+            await asyncio.to_thread(proc.stop)
+            self._retry_later(name, version)
+            self._set(SkillState(name, current, "failed", str(exc), version, current))
+            return
+        self._started(name, version, proc, want, current)
+
+    def _activation_failed(
+        self, name: str, version: str, current: str, want: str, error: str
+    ) -> None:
+        """``current`` never moved: the old version is started again by the next round."""
+        self._failures[(name, version)] = Failure(name, version, self._generation, math.inf)
+        log.warning("skill %s %s failed its health check: %s", name, version, error[-300:])
+        self.on_event("sandbox", "health_check", error[-MAX_ERROR_CHARS:], f"{name} {version}")
+        if current:
+            self._set(SkillState(name, current, "rolled_back", error, want, version))
+        else:
+            self._set(SkillState(name, "", "failed", error, want, ""))
+
+    def _started(
+        self, name: str, version: str, proc: SkillProcess, want: str, previous: str
+    ) -> None:
+        self.processes[name] = proc
+        self._process_versions[name] = version
+        for note in getattr(proc, "limit_notes", ()):
+            self.on_event("sandbox", "clamped", note, f"{name} {version}")
+        if version == want:
+            variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
+            self._set(SkillState(name, version, "running", "", want, previous, variant))
 
     async def _start(self, action: Start, want: str, previous: str) -> None:
         name, version = action.name, action.version
@@ -222,11 +313,7 @@ class Reconciler:
         except _START_ERRORS as exc:
             self._health_failed(name, version, want, str(exc))
             return
-        self.processes[name] = proc
-        self._process_versions[name] = version
-        if version == want:
-            variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
-            self._set(SkillState(name, version, "running", "", want, previous, variant))
+        self._started(name, version, proc, want, previous)
 
     def _health_failed(self, name: str, version: str, want: str, error: str) -> None:
         self._failures[(name, version)] = Failure(name, version, self._generation, math.inf)
@@ -280,7 +367,13 @@ class Reconciler:
             self.on_change()
 
     async def shutdown(self) -> None:
-        """Stop every control process."""
+        """Cancel background fetches and stop every control process."""
+        for task in self._fetches.values():
+            task.cancel()
+        for task in self._fetches.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fetches.clear()
         for name in list(self.processes):
             await self._stop(name)
 
@@ -307,6 +400,13 @@ class Reconciler:
         return state.version if state else ""
 
 
+def _death_kind(reason: str | None) -> str:
+    """The event reason for a control process that died, from the watchdog's word."""
+    if reason is None:
+        return "crashed"
+    return "memory" if "memory" in reason else "busy_loop" if "busy" in reason else "killed"
+
+
 def _wanted_version(wanted: Desired | None, name: str, current: str | None) -> str:
     """The version the hub wants for ``name``; the active one while its wishes are unknown."""
     if wanted is None:
@@ -315,4 +415,4 @@ def _wanted_version(wanted: Desired | None, name: str, current: str | None) -> s
     return spec.version if spec is not None else ""
 
 
-__all__ = ["FetchTarget", "Reconciler", "SkillState", "desired_from_message"]
+__all__ = ["FetchTarget", "OnEvent", "Reconciler", "SkillState", "desired_from_message"]

@@ -7,11 +7,27 @@ transport) and keeping the rest real.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import functools
+import logging
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from cryptography.x509.oid import NameOID
 
 from edge_agent.agent import Agent, HubLink, TransportFactory
 from edge_agent.config import AgentConfig
+from edge_agent.enrolment import (
+    EnrolmentRefusedError,
+    Identity,
+    enroll,
+    enroll_url_for,
+    load_identity,
+    renew,
+    renewal_due,
+)
 from edge_agent.errors import AgentError
 from edge_agent.installs import InstallStore
 from edge_agent.outbox import Outbox
@@ -21,14 +37,25 @@ from edge_agent.transport import open_transport
 from edge_agent.workload import ReplaySource
 from skills.trust import TrustClient
 
-__all__ = ["build_agent", "transport_factory"]
+__all__ = ["build_agent", "run_agent", "transport_factory"]
+
+log = logging.getLogger(__name__)
 
 #: Largest trusted root file read from the command line.
 MAX_ROOT_BYTES = 1024 * 1024
+INSECURE_WARNING = (
+    "INSECURE MODE: no device identity, plain transport, unsigned desired states accepted. "
+    "Anyone on the network can command this device. Use this only on a closed test network."
+)
+_SECURE_SCHEMES = ("grpcs", "mqtts")
 
 
 def transport_factory(config: AgentConfig) -> TransportFactory:
-    """How the agent opens a session: the transport ``config.hub_url`` names, with its TLS files."""
+    """How the agent opens a session: the transport ``config.hub_url`` names, with its TLS files.
+
+    The files are read at each new session, so a renewed certificate is used from
+    the next reconnection on.
+    """
     return functools.partial(
         open_transport,
         config.hub_url,
@@ -37,6 +64,109 @@ def transport_factory(config: AgentConfig) -> TransportFactory:
         cert=config.tls_cert,
         key=config.tls_key,
     )
+
+
+async def run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
+    """Run a real agent until ``stop``: enrol or renew first, then renew while it runs.
+
+    Unless ``config.insecure``, the hub URL must be ``grpcs://`` or ``mqtts://``
+    and the device needs an identity: the one kept in its state folder, one made
+    now with ``config.claim_token``, or certificate files given in ``config``.
+
+    Raises:
+        AgentError: a plain hub URL without ``insecure``, no identity and no way to
+            make one, a refused enrolment, or what :func:`build_agent` raises.
+        SkillError: no trusted root (see :func:`build_agent`).
+    """
+    if config.insecure:
+        log.warning(INSECURE_WARNING)
+        await build_agent(config).run(stop)
+        return
+    scheme = urlsplit(config.hub_url).scheme
+    if scheme not in _SECURE_SCHEMES:
+        raise AgentError(
+            f"{scheme}:// is not authenticated: use grpcs:// or mqtts://, or --insecure"
+        )
+    identity = await ensure_identity(config)
+    if identity is not None and config.tls_cert is None:
+        config = dataclasses.replace(
+            config,
+            tls_ca=identity.ca,
+            tls_cert=identity.cert,
+            tls_key=identity.key,
+            director_key=config.director_key or identity.director,
+        )
+    agent = build_agent(config)
+    renewing = asyncio.create_task(_renew_forever(config, identity)) if identity else None
+    try:
+        await agent.run(stop)
+    finally:
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+
+
+async def ensure_identity(config: AgentConfig) -> Identity | None:
+    """The device's identity: kept, renewed when due, or made with the claim token.
+
+    Returns None when certificate files are given in ``config`` instead.
+
+    Raises:
+        AgentError: no identity and no claim token (or no hub CA), a kept
+            certificate for another device, or a failed enrolment.
+    """
+    identity = load_identity(config.state_dir)
+    if identity is None:
+        if config.tls_cert is not None:
+            return None
+        if not config.claim_token or config.tls_ca is None:
+            raise AgentError(
+                "this device is not enrolled: pass --claim-token and --hub-ca "
+                "(or --cert/--key, or --insecure)"
+            )
+        token, url = config.claim_token, _enroll_url(config)
+        return await enroll(url, config.tls_ca, token, config.device_id, config.state_dir)
+    names = identity.certificate().subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if [n.value for n in names] != [config.device_id]:
+        raise AgentError(f"the identity in {identity.folder} is not for {config.device_id}")
+    await _renew_if_due(config, identity)
+    return identity
+
+
+def _enroll_url(config: AgentConfig) -> str:
+    url = config.enroll_url or enroll_url_for(config.hub_url)
+    if url is None:
+        raise AgentError("pass --enroll-url grpcs://HUB:PORT (the hub's enrolment port)")
+    return url
+
+
+def _renew_url(config: AgentConfig) -> str:
+    """Renewal needs mutual TLS: the hub's gRPC port (the enrolment port minus one)."""
+    if urlsplit(config.hub_url).scheme == "grpcs":
+        return config.hub_url
+    parts = urlsplit(_enroll_url(config))
+    return f"grpcs://{parts.hostname}:{(parts.port or 7444) - 1}"
+
+
+async def _renew_if_due(config: AgentConfig, identity: Identity) -> None:
+    if not renewal_due(identity.certificate()):
+        return
+    try:
+        await renew(_renew_url(config), identity, config.device_id)
+    except EnrolmentRefusedError as exc:
+        log.error("the hub refused to renew this device's certificate: %s", exc)
+    except AgentError as exc:
+        log.warning("certificate renewal failed; trying again later: %s", exc)
+
+
+async def _renew_forever(config: AgentConfig, identity: Identity) -> None:
+    while True:
+        await asyncio.sleep(config.renew_check_s)
+        try:
+            await _renew_if_due(config, identity)
+        except AgentError as exc:  # an unreadable certificate: say so, keep running
+            log.warning("cannot check the certificate for renewal: %s", exc)
 
 
 def build_agent(
@@ -72,7 +202,14 @@ def build_agent(
     trust = TrustClient(state / "trust", link.fetch, trusted_root=root)
     source = ReplaySource.load(config.source) if config.source is not None else None
     installs = InstallStore(state / "installs")
-    launcher = launcher or make_launcher(profile.targets, profile.precisions, state / "logs")
+    launcher = launcher or make_launcher(
+        profile.targets,
+        profile.precisions,
+        state / "logs",
+        state_dir=state,
+        owner=config.skill_limits,
+        confine=False if config.insecure else None,
+    )
     return Agent(
         config,
         profile=profile,
@@ -83,6 +220,7 @@ def build_agent(
         transport_factory=transports or transport_factory(config),
         link=link,
         source=source,
+        refresh_metadata=trust.refresh,
     )
 
 

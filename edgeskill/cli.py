@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from edgeskill import cli_broker as broker_cli
 from edgeskill import cli_model as model_cli
 from edgeskill import cli_trust as trust_cli
 
@@ -38,8 +39,13 @@ skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_i
 deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
 groups_app = typer.Typer(help="Named label selectors over devices.", no_args_is_help=True)
 devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=True)
+claim_app = typer.Typer(
+    help="Claim tokens: how new devices enrol and get a certificate.", no_args_is_help=True
+)
+hub_app.add_typer(claim_app, name="claim")
 app.add_typer(model_cli.app, name="model")
 app.add_typer(trust_cli.app, name="trust")
+app.add_typer(broker_cli.app, name="broker")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),
@@ -67,6 +73,39 @@ ClientCaOpt = Annotated[
 MetricsBindOpt = Annotated[
     str | None, typer.Option(help="Serve Prometheus metrics on HOST:PORT (default: off).")
 ]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="DANGEROUS: plain gRPC with no device identities. Closed test networks only.",
+    ),
+]
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _warn_insecure() -> None:
+    console.print(
+        "[bold red]WARNING: INSECURE MODE.[/] No TLS and no device identities: anyone who "
+        "reaches this port can act as any device. Use it only on a closed test network."
+    )
+
+
+def _ttl_seconds(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``1d`` in seconds."""
+    unit = text[-1:] if text[-1:] in _TTL_UNITS else "s"
+    number = text[:-1] if text[-1:] in _TTL_UNITS else text
+    try:
+        return float(number) * _TTL_UNITS[unit]
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 1d, 12h, 30m") from exc
+
+
+def _labels(items: list[str] | None) -> dict[str, str]:
+    labels = dict(item.split("=", 1) for item in (items or []) if "=" in item)
+    if len(labels) != len(items or []):
+        console.print("[red]error:[/] labels are k=v")
+        raise typer.Exit(2)
+    return labels
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -156,19 +195,47 @@ def hub_init(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     client_ca: ClientCaOpt = None,
+    enroll_bind: Annotated[
+        str, typer.Option(help="Where devices enrol (server TLS); default the gRPC port + 1.")
+    ] = "",
+    server_name: Annotated[
+        list[str] | None,
+        typer.Option(help="Another DNS name or address for the hub's certificate; repeat."),
+    ] = None,
+    insecure: InsecureOpt = False,
 ) -> None:
-    """Create a hub home: signing keys (mode 0600), TUF metadata and the store."""
+    """Create a hub home: signing keys (mode 0600), TUF metadata, the store and its CA.
+
+    The CA, the hub's certificate, its MQTT client certificate and an empty CRL
+    go in HOME/pki; gRPC then serves mutual TLS and devices enrol with claim tokens.
+    """
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
+    if insecure:
+        _warn_insecure()
     try:
         tls = _tls_files(tls_cert, tls_key, client_ca)
-        hub = Hub.init(home, store_url, grpc_bind, mqtt, tls)
+        hub = Hub.init(
+            home,
+            store_url,
+            grpc_bind,
+            mqtt,
+            tls,
+            insecure=insecure,
+            enroll_bind=enroll_bind,
+            server_names=tuple(server_name or ()),
+        )
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     hub.close()
     console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
+    if not insecure:
+        console.print(
+            f"devices enrol at grpcs://{hub.config.enroll_bind} and trust the CA "
+            f"{home / 'pki' / 'ca.crt'}; make a token with `edgeskill hub claim create`"
+        )
 
 
 @hub_app.command("serve")
@@ -185,13 +252,23 @@ def hub_serve(
     tls_key: TlsKeyOpt = None,
     client_ca: ClientCaOpt = None,
     metrics_bind: MetricsBindOpt = None,
+    insecure: InsecureOpt = False,
     verbose: bool = False,
 ) -> None:
-    """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted."""
+    """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted.
+
+    gRPC speaks mutual TLS with the files `hub init` made, unless --insecure.
+    """
     _setup_logging(verbose)
     with _hub(home) as hub:
+        if insecure or hub.config.insecure:
+            _warn_insecure()
         tls = _tls_files(tls_cert, tls_key, client_ca)
-        _run_until_signal(lambda stop: hub.serve(stop, grpc_bind, mqtt, tls, metrics_bind))
+        _run_until_signal(
+            lambda stop: hub.serve(
+                stop, grpc_bind, mqtt, tls, metrics_bind, insecure=insecure or None
+            )
+        )
 
 
 def _tls_files(cert: Path | None, key: Path | None, ca: Path | None) -> Any:
@@ -233,6 +310,38 @@ def hub_issue_cert(
     )
 
 
+@claim_app.command("create")
+def claim_create(
+    label: Annotated[
+        list[str] | None, typer.Option(help="A label k=v the enrolled device gets; repeat.")
+    ] = None,
+    uses: Annotated[int, typer.Option(help="How many devices may enrol with it.")] = 1,
+    ttl: Annotated[str, typer.Option(help="How long it is valid: 90s, 30m, 12h, 1d.")] = "1d",
+    reenroll: Annotated[
+        bool, typer.Option(help="It may give an enrolled device a new key (a replaced board).")
+    ] = False,
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Make a claim token and print it; it is shown once (the hub keeps only its hash)."""
+
+    labels = _labels(label)
+    with _fleet(home) as fleet:
+        token = fleet.identity.create_claim(labels, uses, _ttl_seconds(ttl), reenroll=reenroll)
+    console.print(token, soft_wrap=True)
+
+
+@hub_app.command("revoke")
+def hub_revoke(
+    device_id: Annotated[str, typer.Argument(help="The device whose certificate to revoke.")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Revoke a device's certificate; the hub and the broker refuse it from now on."""
+
+    with _fleet(home) as fleet:
+        crl = fleet.identity.revoke(device_id)
+    console.print(f"revoked {device_id}; CRL written to {crl}")
+
+
 # -- agent -------------------------------------------------------------------
 
 
@@ -266,20 +375,49 @@ def agent_run(
         Path | None, typer.Option(help="grpcs://: this device's client certificate (PEM).")
     ] = None,
     key: Annotated[Path | None, typer.Option(help="grpcs://: the client key (PEM).")] = None,
+    hub_ca: Annotated[
+        Path | None, typer.Option(help="The hub's CA (PEM), to enrol and to check the hub.")
+    ] = None,
+    claim_token: Annotated[
+        str | None, typer.Option(help="A claim token, to enrol on the first start.")
+    ] = None,
+    claim_token_file: Annotated[
+        Path | None, typer.Option(help="A file holding the claim token (kept off the ps list).")
+    ] = None,
+    enroll_url: Annotated[
+        str | None,
+        typer.Option(help="grpcs://HOST:PORT where the hub enrols; default hub port + 1."),
+    ] = None,
+    director_key: Annotated[
+        Path | None, typer.Option(help="The director's public key, for setups without enrolment.")
+    ] = None,
     metrics_bind: MetricsBindOpt = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="DANGEROUS: no identity, plain transport, unsigned desired states accepted.",
+        ),
+    ] = False,
     verbose: bool = False,
 ) -> None:
-    """Connect this device to a hub and keep its skills in the desired state."""
+    """Connect this device to a hub and keep its skills in the desired state.
+
+    The first start enrols with --claim-token and --hub-ca; later starts reuse the
+    identity kept in the state folder and renew its certificate when due.
+    """
     from edge_agent.config import AgentConfig  # noqa: PLC0415
     from edge_agent.errors import AgentError, TransportError  # noqa: PLC0415
-    from edge_agent.wiring import build_agent  # noqa: PLC0415
+    from edge_agent.wiring import run_agent  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
 
     _setup_logging(verbose)
-    labels = dict(item.split("=", 1) for item in (label or []) if "=" in item)
-    if len(labels) != len(label or []):
-        console.print("[red]error:[/] labels are k=v")
-        raise typer.Exit(2)
+    labels = _labels(label)
+    if insecure:
+        _warn_insecure()
+    token = claim_token
+    if claim_token_file is not None:
+        token = _read_token(claim_token_file)
     config = AgentConfig(
         hub_url=hub,
         device_id=device_id,
@@ -291,15 +429,28 @@ def agent_run(
         source_loop=source_loop,
         source_rate_hz=source_rate,
         telemetry_window_s=telemetry_window,
-        tls_ca=ca,
+        tls_ca=ca or hub_ca,
         tls_cert=cert,
         tls_key=key,
         metrics_bind=metrics_bind,
+        insecure=insecure,
+        director_key=director_key,
+        claim_token=token,
+        enroll_url=enroll_url,
     )
     try:
-        _run_until_signal(build_agent(config).run)
+        _run_until_signal(lambda stop: run_agent(config, stop))
     except (AgentError, SkillError, TransportError) as exc:
         console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _read_token(path: Path) -> str:
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            return fh.read(1024).strip()
+    except OSError as exc:
+        console.print(f"[red]error:[/] cannot read {path}: {exc}")
         raise typer.Exit(2) from exc
 
 
@@ -380,6 +531,20 @@ def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
             online = "yes" if d.online else "no"
             table.add_row(d.device_id, labels, online, d.board, str(d.desired_generation), skills)
     console.print(table)
+
+
+@devices_app.command("label")
+def devices_label(
+    device_id: Annotated[str, typer.Argument(help="The device.")],
+    labels: Annotated[list[str], typer.Argument(help="Its new labels, k=v ... (all of them).")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Replace a device's labels; its desired state follows. Devices cannot change them."""
+    wanted = _labels(labels)
+    with _fleet(home) as fleet:
+        view = fleet.devices.label(device_id, wanted)
+    shown = ",".join(f"{k}={v}" for k, v in sorted(view.labels.items()))
+    console.print(f"{device_id}: {shown or '(no labels)'}")
 
 
 @deploy_app.command("create")

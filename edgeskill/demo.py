@@ -6,6 +6,11 @@ conversions, then the ``digits`` skill built from those artefacts (so
 ``edgeskill model show`` shows its lineage), signed, and deployed to the group
 ``kind=camera``; the two cameras install it and classify a held-out stream,
 the gateway gets nothing. Each component is a separate process.
+
+It runs authenticated, as the quick start does: the hub serves mutual TLS, and
+each agent enrols on its first start with a claim token the demo makes for
+its labels (the hub, not the agent, decides a device's labels). Over MQTT the
+system broker has no TLS, so those agents run with an explicit ``--insecure``.
 """
 
 from __future__ import annotations
@@ -76,9 +81,11 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
             args = agent_args(
                 hub_url, device_id, labels, state, service.trusted_root, holdout, board
             )
-            fleet.start(device_id, args)
+            fleet.start(device_id, args + _identity_args(service, hub_url, labels))
         wait_until(
-            lambda: len(service.devices.list()) == len(DEVICES), 60, "three agents to register"
+            lambda: sum(d.online for d in service.devices.list()) == len(DEVICES),
+            60,
+            "three agents to connect",
         )
         service.groups.create("cameras", "kind=camera")
         service.deployments.create("digits", "1.0.0", "cameras")
@@ -137,11 +144,20 @@ def _build_and_publish(console: Console, service: FleetService, work: Path) -> t
     return holdout, len(data.test.x)
 
 
+def _identity_args(service: FleetService, hub_url: str, labels: list[str]) -> list[str]:
+    """A claim token for a device with ``labels`` (``--insecure`` over the plain broker)."""
+    if not hub_url.startswith("grpcs://"):
+        return ["--insecure"]
+    wanted = dict(label.split("=", 1) for label in labels)
+    token = service.identity.create_claim(wanted, uses=1, ttl_s=600)
+    return ["--claim-token", token, "--hub-ca", str(service.home / "pki" / "ca.crt")]
+
+
 def _start_hub(fleet: Fleet, service: FleetService, work: Path, transport: str) -> str:
     """Start the hub process; returns the URL agents connect to."""
     port = int(service.config.grpc_bind.rsplit(":", 1)[1])
     args = ["hub", "serve", "--home", str(work / "hub")]
-    url = f"grpc://127.0.0.1:{port}"
+    url = f"grpcs://127.0.0.1:{port}"
     if transport == "mqtt":
         # A topic prefix of its own keeps this demo apart from anything else on the broker.
         broker = os.environ.get("EDGESKILL_DEMO_BROKER", "127.0.0.1:1883")

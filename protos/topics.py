@@ -9,17 +9,20 @@ topic                                     direction    retained  payload
 ``{p}/dev/{device}/up/{kind}``            device → hub no        Envelope of that kind
 ``{p}/dev/{device}/up/fetch``             device → hub no        FetchRequest (+ response
                                                                  topic, correlation data)
-``{p}/dev/{device}/down/{kind}``          hub → device desired   Envelope of that kind
+``{p}/dev/{device}/down/{kind}``          hub → device desired   Envelope of that kind; the
+                                                                 desired state, signed or
+                                                                 not, on ``down/desired``
 ``{p}/dev/{device}/down/fetch``           hub → device no        FetchChunk or Error
 ``{p}/dev/{device}/status``               device/Will  yes       ``online`` / ``offline``
-``{p}/grp/{key}={value}/down/{kind}``     hub → group  no        Envelope (label groups)
 ========================================  ===========  ========  ==========================
 
 The hub reads device traffic through shared subscriptions
 (``$share/{group}/{p}/dev/+/up/+``) so several hub processes split the load.
-On a broker with access control, let a device publish only under its own
-``{p}/dev/{device}/`` (Mosquitto: ``pattern write {p}/dev/%u/#`` with the device
-id as user name, which is the agent's default).
+There are no group topics: a message that reaches many devices cannot be bound to
+one device, so everything the hub sends is addressed to one device. The broker
+config the project generates (:mod:`cloud.broker`) names each client by its
+certificate and lets a device publish only on its own ``up/`` topics and status,
+and receive only its own ``down/`` topics; only the hub writes ``down/``.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from protos.errors import ProtocolError
-from protos.limits import DEVICE_ID_PATTERN, MAX_LABEL_KEY_CHARS, MAX_LABEL_VALUE_CHARS
+from protos.limits import DEVICE_ID_PATTERN
 
 __all__ = [
     "CHUNK_CONTENT_TYPE",
     "DEFAULT_PREFIX",
+    "DESIRED_KINDS",
     "DOWN_KINDS",
     "ERROR_CONTENT_TYPE",
     "STATUS_OFFLINE",
@@ -48,9 +52,14 @@ __all__ = [
 
 DEFAULT_PREFIX = "edgeskill/v1"
 #: Message kinds a device may publish, by topic.
-UP_KINDS = frozenset({"register", "heartbeat", "reported", "telemetry", "ack", "fetch"})
+UP_KINDS = frozenset(
+    {"register", "heartbeat", "reported", "telemetry", "ack", "fetch", "security_event"}
+)
 #: Message kinds the hub publishes to a device.
-DOWN_KINDS = frozenset({"welcome", "desired", "ack", "error", "fetch"})
+DOWN_KINDS = frozenset({"welcome", "desired", "signed_desired", "ack", "error", "fetch"})
+#: Kinds that carry a device's desired state: both go to its one retained ``down/desired``
+#: topic, so a newer state replaces an older one of the other kind.
+DESIRED_KINDS = frozenset({"desired", "signed_desired"})
 STATUS_ONLINE = b"online"
 STATUS_OFFLINE = b"offline"
 #: MQTT 5 content types of fetch responses: a FetchChunk, or an Error (its code
@@ -60,11 +69,10 @@ ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
 
 _DEVICE_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 _LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_LABEL_LEVEL_RE = re.compile(
-    rf"^[A-Za-z0-9._-]{{1,{MAX_LABEL_KEY_CHARS}}}=[A-Za-z0-9._-]{{1,{MAX_LABEL_VALUE_CHARS}}}$"
-)
 _MAX_PREFIX = 128
 _MAX_SESSION_EXPIRY = 2**32 - 1
+_TLS_OPTIONS = frozenset({"ca", "cert", "key"})
+_OPTIONS = frozenset({"client_id", "session_expiry", "keepalive", "share"}) | _TLS_OPTIONS
 Area = Literal["up", "down", "status"]
 
 
@@ -123,7 +131,8 @@ class Topics:
         """
         if kind not in DOWN_KINDS:
             raise ProtocolError(f"the hub does not send {kind!r}")
-        return f"{self.prefix}/dev/{_check_device(device_id)}/down/{kind}"
+        level = "desired" if kind in DESIRED_KINDS else kind
+        return f"{self.prefix}/dev/{_check_device(device_id)}/down/{level}"
 
     def status(self, device_id: str) -> str:
         """The retained presence topic of a device (also its Last Will topic).
@@ -140,27 +149,6 @@ class Topics:
             ProtocolError: a bad device id.
         """
         return f"{self.prefix}/dev/{_check_device(device_id)}/down/#"
-
-    def group_down(self, key: str, value: str, kind: str) -> str:
-        """Topic for messages to every device carrying the label ``key=value``.
-
-        Raises:
-            ProtocolError: the label or the kind cannot be used in a topic.
-        """
-        if kind not in DOWN_KINDS:
-            raise ProtocolError(f"the hub does not send {kind!r}")
-        return f"{self.group_filter(key, value)[:-2]}/{kind}"
-
-    def group_filter(self, key: str, value: str) -> str:
-        """Filter a device with the label ``key=value`` subscribes to.
-
-        Raises:
-            ProtocolError: the label has characters that are not allowed in a topic level.
-        """
-        level = f"{key}={value}"
-        if not _LABEL_LEVEL_RE.match(level):
-            raise ProtocolError(f"label {level!r} cannot name a topic")
-        return f"{self.prefix}/grp/{level}/down/#"
 
     def hub_filters(self, share_group: str) -> list[str]:
         """Shared-subscription filters the hub reads device traffic and presence through.
@@ -204,8 +192,11 @@ class MqttEndpoint:
     ``mqtt://user:pass@host:1883/edgeskill/v1?session_expiry=3600&keepalive=20``:
     the path is the topic prefix; the query may set ``client_id``,
     ``session_expiry`` (seconds the broker keeps a session after a disconnect),
-    ``keepalive`` (seconds), ``share`` (the hub's shared-subscription group) and
-    ``ca`` (a CA file for ``mqtts``).
+    ``keepalive`` (seconds), ``share`` (the hub's shared-subscription group), and
+    for ``mqtts`` only: ``ca`` (the CA file the broker's certificate must chain to),
+    ``cert`` and ``key`` (this client's certificate and private key, PEM files; both
+    or neither). With a client certificate the broker names the client by its
+    certificate, so no user name or password is sent.
     """
 
     host: str
@@ -219,6 +210,8 @@ class MqttEndpoint:
     keepalive_s: int | None
     share_group: str
     ca_file: str | None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     @classmethod
     def parse(cls, url: str) -> MqttEndpoint:
@@ -235,9 +228,10 @@ class MqttEndpoint:
         except ValueError as exc:
             raise ProtocolError(f"bad port in {url!r}") from exc
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        unknown = set(query) - {"client_id", "session_expiry", "keepalive", "share", "ca"}
+        unknown = set(query) - _OPTIONS
         if unknown:
             raise ProtocolError(f"unknown MQTT URL options: {', '.join(sorted(unknown))}")
+        _check_tls_options(query, tls=parts.scheme == "mqtts")
         return cls(
             host=parts.hostname,
             port=port,
@@ -250,6 +244,8 @@ class MqttEndpoint:
             keepalive_s=_int_option(query, "keepalive", 1, 3600),
             share_group=query.get("share", "edgeskill-hub"),
             ca_file=query.get("ca"),
+            cert_file=query.get("cert"),
+            key_file=query.get("key"),
         )
 
     @property
@@ -265,6 +261,14 @@ class MqttEndpoint:
         """The URL without credentials or options, for logs."""
         scheme = "mqtts" if self.tls else "mqtt"
         return f"{scheme}://{self.host}:{self.port}/{self.prefix}"
+
+
+def _check_tls_options(query: dict[str, str], *, tls: bool) -> None:
+    given = sorted(_TLS_OPTIONS & set(query))
+    if given and not tls:
+        raise ProtocolError(f"MQTT URL options {', '.join(given)} need an mqtts:// URL")
+    if ("cert" in query) != ("key" in query):
+        raise ProtocolError("MQTT URL options cert and key go together")
 
 
 def _int_option(query: dict[str, str], name: str, low: int, high: int) -> int | None:

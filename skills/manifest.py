@@ -19,6 +19,8 @@ TOML layout (only ``[skill]`` and its first three keys are required)::
     cpu_seconds = 0                     # 0 = unlimited
     startup_timeout_s = 30.0
     max_open_files = 256
+    max_processes = 0                   # processes and threads; 0 = the device owner's cap
+    network = false                     # true: the control code may open sockets
 
     [config]                            # default config: string keys, string values
     threshold = "0.5"
@@ -153,12 +155,21 @@ class Resources:
         cpu_seconds: CPU time cap; 0 means unlimited.
         startup_timeout_s: Time the skill has to become ready.
         max_open_files: Cap on open file descriptors.
+        max_processes: Cap on the processes and threads the skill may run at once; 0 asks
+            for the device owner's cap.
+        network: Whether the control code may use the network; without it, it runs in an
+            empty network namespace where the device allows one.
+
+    Every limit can only lower what the device owner allows: the agent clamps a larger
+    value to the owner's cap and says so in the skill's state.
     """
 
     memory_mb: int = 1024
     cpu_seconds: int = 0
     startup_timeout_s: float = 30.0
     max_open_files: int = 256
+    max_processes: int = 0
+    network: bool = False
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -169,6 +180,9 @@ class Resources:
         check_int(self.memory_mb, "memory_mb", 1, 1 << 20)
         check_int(self.cpu_seconds, "cpu_seconds", 0, 366 * 24 * 3600)
         check_int(self.max_open_files, "max_open_files", 16, 1 << 20)
+        check_int(self.max_processes, "max_processes", 0, 1 << 20)
+        if not isinstance(self.network, bool):
+            raise fail("network", f"expected a boolean, got {type(self.network).__name__}")
         timeout = self.startup_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, int | float):
             raise fail("startup_timeout_s", f"expected a number, got {type(timeout).__name__}")
@@ -410,6 +424,8 @@ def _resources_from(raw: object) -> Resources:
             "startup_timeout_s", (int, float), defaults.startup_timeout_s
         ),
         "max_open_files": table.get("max_open_files", int, defaults.max_open_files),
+        "max_processes": table.get("max_processes", int, defaults.max_processes),
+        "network": table.get("network", bool, defaults.network),
     }
     table.done()
     with located("resources"):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
+from cloud.enrolment import Enroller
 from cloud.errors import NotFoundError, StoreError, ValidationError
 from cloud.selectors import check_labels, matches, parse_selector
 from cloud.service.views import DeviceView, GroupView, SkillStateView
 from cloud.store import DeviceStateRecord, GroupRecord, Store
 
-__all__ = ["DeviceService", "GroupService"]
+__all__ = ["DeviceService", "GroupService", "IdentityService"]
 
 
 def _device_view(state: DeviceStateRecord) -> DeviceView:
@@ -65,6 +67,60 @@ class DeviceService:
         if not found:
             raise NotFoundError(f"no device {device_id!r}")
         return _device_view(found[0])
+
+    def label(self, device_id: str, labels: Mapping[str, str] | str) -> DeviceView:
+        """Replace a device's labels; its desired state follows at once.
+
+        This is the only way labels change: a device that registers again with
+        other labels keeps the ones the hub gave it.
+
+        Args:
+            device_id: the device.
+            labels: the new labels, as a mapping or as text such as ``kind=camera,site=3``.
+
+        Raises:
+            ValidationError: a malformed id or label.
+            NotFoundError: no such device.
+            StoreError: the store failed.
+        """
+        wanted = parse_selector(labels) if isinstance(labels, str) else labels
+        self._store.set_device_labels(device_id, check_labels(wanted))
+        return self.get(device_id)
+
+
+class IdentityService:
+    """Device identities: claim tokens for enrolment, and revocation."""
+
+    def __init__(self, home: Path) -> None:
+        """Manage the identities of the hub at ``home``."""
+        self._enroller = Enroller(home)
+
+    def create_claim(
+        self,
+        labels: Mapping[str, str] | str,
+        uses: int = 1,
+        ttl_s: float = 86400,
+        *,
+        reenroll: bool = False,
+    ) -> str:
+        """A claim token (shown once) that enrols up to ``uses`` devices with ``labels``.
+
+        Raises:
+            ValidationError: bad labels, uses or lifetime.
+            HubError: the claims file cannot be written.
+        """
+        wanted = parse_selector(labels) if isinstance(labels, str) else labels
+        return self._enroller.create_claim(wanted, uses, ttl_s, reenroll=reenroll)
+
+    def revoke(self, device_id: str) -> Path:
+        """Revoke a device's certificate; returns the CRL file the hub and broker honour.
+
+        Raises:
+            EnrolmentError: the device is not enrolled.
+            HubError: the CRL cannot be written.
+        """
+        self._enroller.revoke(device_id)
+        return self._enroller.crl_path()
 
 
 def _group_view(group: GroupRecord, labels: Sequence[Mapping[str, str]]) -> GroupView:

@@ -10,7 +10,7 @@ from typing import Self
 from cloud.hub import Hub, HubConfig, TlsFiles
 from cloud.models import ModelFactory
 from cloud.service.deployments import DeploymentService
-from cloud.service.devices import DeviceService, GroupService
+from cloud.service.devices import DeviceService, GroupService, IdentityService
 from cloud.service.skills import SkillService
 from cloud.service.telemetry import TelemetryService
 from protos.envelope import now_ms
@@ -34,6 +34,7 @@ class FleetService:
         self.skills = SkillService(hub.store, hub.trust, clock)
         self.deployments = DeploymentService(hub.store, clock)
         self.telemetry = TelemetryService(hub.store)
+        self.identity = IdentityService(hub.home)
 
     @classmethod
     def open(cls, home: Path) -> FleetService:
@@ -52,13 +53,27 @@ class FleetService:
         grpc_bind: str = "127.0.0.1:7443",
         mqtt_url: str = "",
         tls: TlsFiles | None = None,
+        *,
+        insecure: bool = False,
+        enroll_bind: str = "",
+        server_names: tuple[str, ...] = (),
     ) -> FleetService:
-        """Create a hub home (keys, TUF metadata, store) and open it.
+        """Create a hub home (keys, TUF metadata, PKI unless ``insecure``, store) and open it.
 
         Raises:
-            HubError: The home already holds a hub, or the store cannot be opened.
+            HubError: The home already holds a hub, or the store or PKI cannot be written.
         """
-        return cls(Hub.init(home, store_url, grpc_bind, mqtt_url, tls))
+        hub = Hub.init(
+            home,
+            store_url,
+            grpc_bind,
+            mqtt_url,
+            tls,
+            insecure=insecure,
+            enroll_bind=enroll_bind,
+            server_names=server_names,
+        )
+        return cls(hub)
 
     @property
     def home(self) -> Path:

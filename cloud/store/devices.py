@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import Connection, Row, delete, select, update
 
 from cloud.errors import ConflictError, NotFoundError
 from cloud.selectors import check_labels, format_selector, parse_selector
@@ -26,6 +26,18 @@ def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
     )
 
 
+def _write_labels(conn: Connection, device_id: str, labels: Mapping[str, str]) -> None:
+    conn.execute(delete(device_labels).where(device_labels.c.device_id == device_id))
+    if labels:
+        rows = [{"device_id": device_id, "key": k, "value": v} for k, v in labels.items()]
+        conn.execute(device_labels.insert(), rows)
+
+
+def _read_labels(conn: Connection, device_id: str) -> dict[str, str]:
+    rows = conn.execute(select(device_labels).where(device_labels.c.device_id == device_id))
+    return {row.key: row.value for row in rows}
+
+
 class DeviceTables(StoreBase):
     """Transactional access to devices and groups."""
 
@@ -41,6 +53,10 @@ class DeviceTables(StoreBase):
     ) -> DeviceRecord:
         """Insert or update a device, mark it online and recompute its desired state.
 
+        ``labels`` are stored only for a device the hub did not know: a device
+        that registers again keeps the labels the hub gave it (at enrolment or
+        through :meth:`set_device_labels`), whatever it sends.
+
         Raises:
             ValidationError: A malformed id, label or profile, or a profile over the cap.
             StoreError: The database failed.
@@ -50,15 +66,58 @@ class DeviceTables(StoreBase):
         profile_text = check.profile_json(profile)
         check.counter(now_ms, "now_ms")
         values = {"profile": profile_text, "last_seen_ms": now_ms, "online": True}
-        upsert = self._dialect.insert(devices).values(device_id=device_id, **values)
+        insert = self._dialect.insert(devices).values(device_id=device_id, **values)
         with self._tx(write=True, lock="shared") as conn:
-            conn.execute(upsert.on_conflict_do_update(index_elements=["device_id"], set_=values))
-            conn.execute(delete(device_labels).where(device_labels.c.device_id == device_id))
-            if labels:
-                rows = [{"device_id": device_id, "key": k, "value": v} for k, v in labels.items()]
-                conn.execute(device_labels.insert(), rows)
+            added = conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
+            if added.rowcount:
+                _write_labels(conn, device_id, labels)
+            else:
+                conn.execute(
+                    update(devices).where(devices.c.device_id == device_id).values(**values)
+                )
+                labels = _read_labels(conn, device_id)
             recompute(conn, devices.c.device_id == device_id)
         return DeviceRecord(device_id, labels, json.loads(profile_text), now_ms, True)
+
+    def enroll_device(self, device_id: str, labels: Mapping[str, str], *, now_ms: int) -> None:
+        """Record an enrolled device with the labels its claim gave it, before it connects.
+
+        A new device is stored offline with an empty profile; a device the hub
+        knew gets these labels instead of its old ones. Its desired state is
+        recomputed either way.
+
+        Raises:
+            ValidationError: A malformed id or label.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        labels = check_labels(labels)
+        check.counter(now_ms, "now_ms")
+        insert = self._dialect.insert(devices).values(
+            device_id=device_id, profile="{}", last_seen_ms=now_ms, online=False
+        )
+        with self._tx(write=True, lock="shared") as conn:
+            conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
+            _write_labels(conn, device_id, labels)
+            recompute(conn, devices.c.device_id == device_id)
+
+    def set_device_labels(self, device_id: str, labels: Mapping[str, str]) -> DeviceRecord:
+        """Replace a device's labels (the hub's API; devices cannot) and recompute its state.
+
+        Raises:
+            ValidationError: A malformed id or label.
+            NotFoundError: No such device.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        labels = check_labels(labels)
+        with self._tx(write=True, lock="shared") as conn:
+            row = conn.execute(select(devices).where(devices.c.device_id == device_id)).first()
+            if row is None:
+                raise NotFoundError(f"no device {device_id!r}")
+            _write_labels(conn, device_id, labels)
+            recompute(conn, devices.c.device_id == device_id)
+        return device_record(row, dict(labels))
 
     def touch_device(self, device_id: str, *, now_ms: int, online: bool | None = None) -> None:
         """Record that a device was heard from, optionally changing its presence.

@@ -17,7 +17,9 @@ __all__ = [
     "DeviceSkillSummary",
     "DeviceStateRecord",
     "GroupRecord",
+    "InstructionRecord",
     "ReportedRecord",
+    "SecurityEventRecord",
     "SkillStatusRecord",
     "SkillVersionRecord",
     "TelemetryRecord",
@@ -156,3 +158,33 @@ class DeviceSkillSummary:
     accuracy: float | None
     latency_p50_ms: float
     windows: int
+
+
+@dataclass(frozen=True)
+class InstructionRecord:
+    """The director's latest signed instruction for one device.
+
+    ``counter`` only grows per device; ``payload_sha256`` names the serialized
+    desired state it carries, so an unchanged state is not signed again.
+    """
+
+    device_id: str
+    counter: int
+    generation: int
+    expires_ms: int
+    signed_ms: int
+    payload_sha256: str
+    instruction: bytes
+
+
+@dataclass(frozen=True)
+class SecurityEventRecord:
+    """Something a device refused or contained, as it reported it."""
+
+    device_id: str
+    kind: str
+    reason: str
+    subject: str
+    detail: str
+    count: int
+    received_ms: int

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -28,7 +29,9 @@ __all__ = [
     "desired_states",
     "device_groups",
     "device_labels",
+    "device_security_events",
     "devices",
+    "director_instructions",
     "metadata",
     "reported_states",
     "skill_versions",
@@ -139,6 +142,38 @@ reported_states = Table(
     Column("generation", BigInteger, nullable=False),
     Column("skills", Text, nullable=False),
     Column("reported_ms", BigInteger, nullable=False),
+)
+
+# The director's latest signed instruction per device. No foreign key to devices:
+# the counter must survive a device's removal, or a re-registered device would
+# be sent counters it already saw and refuse them as replays.
+director_instructions = Table(
+    "director_instructions",
+    metadata,
+    Column("device_id", String(ID_LEN), primary_key=True),
+    Column("counter", BigInteger, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Column("signed_ms", BigInteger, nullable=False),
+    Column("payload_sha256", String(64), nullable=False),
+    Column("instruction", LargeBinary, nullable=False),
+)
+
+# What devices refused or contained, as they reported it (coalesced per window).
+device_security_events = Table(
+    "device_security_events",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+    Column("msg_id", String(ID_LEN), nullable=False, unique=True),
+    Column("device_id", String(ID_LEN), nullable=False),
+    Column("kind", String(NAME_LEN), nullable=False),
+    Column("reason", String(NAME_LEN), nullable=False),
+    Column("subject", String(255), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("received_ms", BigInteger, nullable=False),
+    Index(None, "device_id", "received_ms"),
+    Index(None, "kind", "reason"),
 )
 
 # No foreign key to devices: telemetry is never refused for want of a device row.

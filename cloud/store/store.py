@@ -25,6 +25,7 @@ from cloud.store import checks as check
 from cloud.store import telemetry as tele
 from cloud.store.desired import recompute, selector_clause
 from cloud.store.devices import DeviceTables
+from cloud.store.director import DirectorTables
 from cloud.store.engine import create_store_engine, upgrade_schema
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
@@ -88,7 +89,7 @@ def _group_clause(conn: Connection, group: str) -> ColumnElement[bool]:
         raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
 
 
-class Store(DeviceTables, SkillTables, StateTables):
+class Store(DeviceTables, SkillTables, StateTables, DirectorTables):
     """The hub's store; build it with :func:`open_store`.
 
     Safe to share between threads (each call checks out its own connection)

@@ -18,9 +18,12 @@ from pathlib import Path
 from edge_agent.errors import SandboxError
 
 __all__ = [
+    "ENV_ADDRESS_SPACE_MB",
     "ENV_CONFIG",
     "ENV_CPU_SECONDS",
+    "ENV_JAIL",
     "ENV_MAX_OPEN_FILES",
+    "ENV_MAX_PROCESSES",
     "ENV_MEMORY_MB",
     "ENV_PRECISIONS",
     "ENV_SKILL_DIR",
@@ -28,6 +31,7 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "child_environment",
     "encode_config",
+    "import_roots",
 ]
 
 ENV_SKILL_DIR = "EDGESKILL_SKILL_DIR"
@@ -37,6 +41,10 @@ ENV_CONFIG = "EDGESKILL_CONFIG"
 ENV_MEMORY_MB = "EDGESKILL_MEMORY_MB"
 ENV_CPU_SECONDS = "EDGESKILL_CPU_SECONDS"
 ENV_MAX_OPEN_FILES = "EDGESKILL_MAX_OPEN_FILES"
+ENV_ADDRESS_SPACE_MB = "EDGESKILL_ADDRESS_SPACE_MB"
+ENV_MAX_PROCESSES = "EDGESKILL_MAX_PROCESSES"
+#: The jail's instructions (JSON); read and removed by :mod:`edge_agent.sandbox.jail`.
+ENV_JAIL = "EDGESKILL_JAIL"
 
 #: The skill's configuration as JSON; one environment string holds at most 128 KiB.
 MAX_CONFIG_BYTES = 64 * 1024
@@ -59,7 +67,7 @@ def encode_config(config: Mapping[str, str]) -> str:
     return encoded
 
 
-def _import_roots() -> list[str]:
+def import_roots() -> list[str]:
     """Folders that must be on the child's ``PYTHONPATH`` to import our packages."""
     roots: list[str] = []
     for name in _OUR_PACKAGES:
@@ -77,15 +85,17 @@ def child_environment(
     config_json: str,
     limits: Mapping[str, str],
     precisions: Sequence[str] = (),
+    home: Path | None = None,
 ) -> dict[str, str]:
     """The complete environment of a control process.
 
     Args:
-        skill_dir: The skill's folder, also its ``HOME``.
+        skill_dir: The skill's installed folder.
         targets: The device's targets, best first.
         config_json: The output of :func:`encode_config`.
         limits: ``EDGESKILL_*`` limit variables (``SandboxLimits.to_env()``).
         precisions: The device's preferred model precisions, best first.
+        home: Its ``HOME``: its working folder when confined; ``skill_dir`` by default.
 
     Returns:
         The variables, and nothing inherited beyond ``PATH`` and ``LANG``.
@@ -93,8 +103,8 @@ def child_environment(
     return {
         "PATH": os.environ.get("PATH") or os.defpath,
         "LANG": os.environ.get("LANG") or "C.UTF-8",
-        "HOME": str(skill_dir),
-        "PYTHONPATH": os.pathsep.join(_import_roots()),
+        "HOME": str(home or skill_dir),
+        "PYTHONPATH": os.pathsep.join(import_roots()),
         ENV_SKILL_DIR: str(skill_dir),
         ENV_TARGETS: ",".join(targets),
         ENV_PRECISIONS: ",".join(precisions),

@@ -9,7 +9,12 @@ Soft and hard limits are set equal so skill code cannot raise them again.
 Memory is the exception: the manifest's ``memory_mb`` caps *resident* memory,
 which no rlimit measures, so the parent enforces it
 (:class:`edge_agent.sandbox.memory.MemoryWatchdog`); the value still crosses
-into the worker so that it is visible there.
+into the worker so that it is visible there. The device owner's address-space
+cap (:class:`edge_agent.sandbox.policy.OwnerLimits`) is an rlimit, set high
+enough for runtimes that reserve much more than they touch, as a backstop.
+The process count (``RLIMIT_NPROC``) counts every process and thread of the
+real user: one skill's own user when the agent confines it, the agent's user
+otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge_agent.sandbox.env import ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES, ENV_MEMORY_MB
+from edge_agent.sandbox.env import (
+    ENV_ADDRESS_SPACE_MB,
+    ENV_CPU_SECONDS,
+    ENV_MAX_OPEN_FILES,
+    ENV_MAX_PROCESSES,
+    ENV_MEMORY_MB,
+)
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -64,11 +75,21 @@ class SandboxLimits:
         cpu_seconds: CPU-time limit in seconds, counted from the process's start
             (interpreter and library imports take a few tenths); 0 for none.
         max_open_files: File-descriptor limit.
+        address_space_mb: Address-space limit, MiB; 0 for none.
+        max_processes: Processes and threads of the real user; 0 for none.
+        busy_window_s: Seconds a skill may burn CPU with no item in flight before the
+            watchdog kills it as a busy loop; 0 turns the check off. Not an rlimit.
+        busy_cpu_fraction: CPU (in cores) averaged over ``busy_window_s`` that counts
+            as busy.
     """
 
     memory_mb: int
     cpu_seconds: int
     max_open_files: int
+    address_space_mb: int = 0
+    max_processes: int = 0
+    busy_window_s: float = 0.0
+    busy_cpu_fraction: float = 0.9
 
     @classmethod
     def from_resources(cls, resources: ResourcesLike) -> SandboxLimits:
@@ -88,6 +109,8 @@ class SandboxLimits:
             ENV_MEMORY_MB: str(self.memory_mb),
             ENV_CPU_SECONDS: str(self.cpu_seconds),
             ENV_MAX_OPEN_FILES: str(self.max_open_files),
+            ENV_ADDRESS_SPACE_MB: str(self.address_space_mb),
+            ENV_MAX_PROCESSES: str(self.max_processes),
         }
 
     @classmethod
@@ -98,12 +121,19 @@ class SandboxLimits:
             ValueError: A variable is missing or not a non-negative integer.
         """
         values = []
-        for key in (ENV_MEMORY_MB, ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES):
-            raw = env.get(key, "")
+        keys = (ENV_MEMORY_MB, ENV_CPU_SECONDS, ENV_MAX_OPEN_FILES)
+        for key in (*keys, ENV_ADDRESS_SPACE_MB, ENV_MAX_PROCESSES):
+            raw = env.get(key, "0" if key not in keys else "")
             if not raw.isdigit():
                 raise ValueError(f"{key}={raw!r} is not a non-negative integer")
             values.append(int(raw))
-        return cls(memory_mb=values[0], cpu_seconds=values[1], max_open_files=values[2])
+        return cls(
+            memory_mb=values[0],
+            cpu_seconds=values[1],
+            max_open_files=values[2],
+            address_space_mb=values[3],
+            max_processes=values[4],
+        )
 
     def apply(self) -> None:
         """Set the rlimits on the calling process (the worker does this at start).
@@ -119,6 +149,10 @@ class SandboxLimits:
         _set_limit(resource.RLIMIT_NOFILE, self.max_open_files)
         _set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
         _set_limit(resource.RLIMIT_CORE, 0)
+        if self.address_space_mb > 0:
+            _set_limit(resource.RLIMIT_AS, self.address_space_mb * 1024 * 1024)
+        if self.max_processes > 0:
+            _set_limit(resource.RLIMIT_NPROC, self.max_processes)
 
 
 def _set_limit(which: int, soft: int, hard: int | None = None) -> None:

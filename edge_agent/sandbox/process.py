@@ -3,7 +3,9 @@
 The parent keeps one reader thread per process: it files ``emit`` events in a
 bounded queue and replies in another, so every wait here has a deadline. A
 timeout, a crash or a protocol violation kills the whole process group (the
-skill may have started helpers) and reaps it; nothing is left running.
+skill may have started helpers) and reaps it; nothing is left running. A
+confined skill (:class:`~edge_agent.sandbox.confine.Confinement`) starts
+through the jail, and every process of its user is killed, wherever it went.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from edge_agent.errors import HealthCheckError, SandboxError
+from edge_agent.sandbox.confine import Confinement
 from edge_agent.sandbox.env import child_environment, encode_config
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.logfile import SkillLog
-from edge_agent.sandbox.memory import MemoryWatchdog
+from edge_agent.sandbox.memory import BusyRule, MemoryWatchdog
 from edge_agent.sandbox.protocol import encode_frame, read_frame
 
 if TYPE_CHECKING:
@@ -65,6 +68,9 @@ class SkillProcess:
         config: The skill's configuration (string to string, at most 64 KiB as JSON).
         log_path: File the child's stderr is appended to.
         python: The interpreter to run; this one by default.
+        precisions: The device's preferred precisions, best first.
+        limits: The limits it runs under; the manifest's, unclamped, by default.
+        confinement: Its own user, folder and view; none (the agent's user) by default.
 
     Raises:
         SandboxError: The configuration is not strings or is too large.
@@ -80,6 +86,8 @@ class SkillProcess:
         log_path: Path,
         python: str | None = None,
         precisions: Sequence[str] = (),
+        limits: SandboxLimits | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self._skill_dir = skill_dir.resolve()
         self._manifest = manifest
@@ -89,7 +97,9 @@ class SkillProcess:
         #: The model variant each loaded model runs, as the child reported when ready.
         self.models: dict[str, str] = {}
         self._config_json = encode_config(config)
-        self._limits = SandboxLimits.from_resources(manifest.resources)
+        self._limits = limits or SandboxLimits.from_resources(manifest.resources)
+        self._confinement = confinement
+        self._idle_since: float | None = time.monotonic()
         self._log = SkillLog(log_path)
         self._python = python or sys.executable
         self._proc: subprocess.Popen[bytes] | None = None
@@ -105,6 +115,8 @@ class SkillProcess:
         self._next_id = 0
         #: Events lost because the queue was full or they were not objects.
         self.dropped_events = 0
+        #: What the launcher lowered or refused of the manifest's requests.
+        self.limit_notes: tuple[str, ...] = ()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -204,8 +216,12 @@ class SkillProcess:
                 self._fail(f"not running ({self._ended or 'exited'})")
             started = time.perf_counter()
             deadline = time.monotonic() + timeout
-            self._write(frame, deadline)
-            reply = self._await_reply(request_id, deadline, timeout)
+            self._idle_since = None
+            try:
+                self._write(frame, deadline)
+                reply = self._await_reply(request_id, deadline, timeout)
+            finally:
+                self._idle_since = time.monotonic()
             latency_ms = (time.perf_counter() - started) * 1000.0
             result = reply.get("result")
             if reply.get("ok") is True and not isinstance(result, dict):
@@ -224,8 +240,27 @@ class SkillProcess:
 
     # -- internals --------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment: the worker, or the jail around it."""
         command = [self._python, "-s", "-B", "-P", "-m", _WORKER_MODULE]
+        confined = self._confinement
+        env = child_environment(
+            self._skill_dir,
+            self._targets,
+            self._config_json,
+            self._limits.to_env(),
+            self._precisions,
+            home=confined.work_dir if confined is not None else None,
+        )
+        if confined is None:
+            return command, env
+        if confined.kill_all():  # leftovers of an earlier run must not share its user
+            raise HealthCheckError(f"{self._label}: earlier processes of its user survive")
+        jail, extra = confined.command(self._python, command, self._skill_dir, self._limits)
+        return jail, {**env, **extra}
+
+    def _spawn(self) -> None:
+        command, env = self._command()
         try:
             log = self._log.open_for_run(self._label)
         except OSError as exc:
@@ -237,13 +272,7 @@ class SkillProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 cwd=self._skill_dir,
-                env=child_environment(
-                    self._skill_dir,
-                    self._targets,
-                    self._config_json,
-                    self._limits.to_env(),
-                    self._precisions,
-                ),
+                env=env,
                 start_new_session=True,  # its own process group, killed as a whole
             )
         except OSError as exc:
@@ -251,7 +280,7 @@ class SkillProcess:
         finally:
             log.close()  # the child has its own copy
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._watchdog = MemoryWatchdog(self._proc.pid, self._limits.memory_mb, self._killed)
+        self._watchdog = self._make_watchdog(self._proc.pid)
         self._watchdog.start()
         os.set_blocking(self._proc.stdin.fileno(), False)  # writes honour deadlines
         self._reader = threading.Thread(
@@ -261,6 +290,32 @@ class SkillProcess:
             daemon=True,
         )
         self._reader.start()
+
+    def _make_watchdog(self, pid: int) -> MemoryWatchdog:
+        limits, confined = self._limits, self._confinement
+        busy = None
+        if limits.busy_window_s > 0:
+            busy = BusyRule(limits.busy_window_s, limits.busy_cpu_fraction, self._idle)
+        if confined is None:
+            return MemoryWatchdog(pid, limits.memory_mb, self._killed, busy=busy)
+
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            confined.kill_all()
+
+        return MemoryWatchdog(
+            pid, limits.memory_mb, self._killed, members=confined.members, kill=kill, busy=busy
+        )
+
+    def _idle(self) -> float | None:
+        """Since when no item has been in flight; ``None`` while one is."""
+        return self._idle_since
+
+    @property
+    def kill_reason(self) -> str | None:
+        """Why a watchdog killed the process (memory, busy loop), if one did."""
+        return self._kill_reason
 
     def _await_ready(self) -> None:
         timeout = self._manifest.resources.startup_timeout_s
@@ -373,6 +428,8 @@ class SkillProcess:
             # The leader is not reaped yet, so its pid still names our group.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            if self._confinement is not None:  # including those that left the group
+                self._confinement.kill_all()
             proc.wait()
             if self._ended is None:
                 self._ended = f"stopped (exit code {proc.returncode})"

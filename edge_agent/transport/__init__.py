@@ -37,11 +37,8 @@ def open_transport(
     if not parts.hostname:
         raise TransportError(f"hub URL {url!r} has no host")
     tls_given = any(p is not None for p in (ca, cert, key))
-    if tls_given and parts.scheme != "grpcs":
-        raise TransportError(
-            "--ca, --cert and --key apply to grpcs:// hubs only "
-            "(MQTT takes its TLS settings in the URL)"
-        )
+    if tls_given and parts.scheme not in ("grpcs", "mqtts"):
+        raise TransportError("--ca, --cert and --key apply to grpcs:// and mqtts:// hubs only")
     if parts.scheme in ("grpc", "grpcs"):
         from edge_agent.transport.grpc import (  # noqa: PLC0415 - per scheme
             GrpcAgentTransport,
@@ -56,7 +53,7 @@ def open_transport(
     if parts.scheme in ("mqtt", "mqtts"):
         from edge_agent.transport.mqtt import MqttAgentTransport  # noqa: PLC0415 - per scheme
 
-        return MqttAgentTransport(url, device_id)
+        return MqttAgentTransport(url, device_id, ca=ca, cert=cert, key=key)
     raise TransportError(
         f"unknown hub URL scheme {parts.scheme!r}; use grpc://, grpcs://, mqtt:// or mqtts://"
     )

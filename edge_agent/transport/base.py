@@ -19,13 +19,22 @@ from protos import pb
 
 @dataclass(frozen=True)
 class FetchLimits:
-    """Bounds on one bulk fetch, so a slow or endless sender cannot stall the agent."""
+    """Bounds on one bulk fetch, so a slow, stalled or endless sender cannot hold the agent.
+
+    Attributes:
+        deadline_s: Longest time for the whole file.
+        min_rate_bytes_per_s: Slowest average rate accepted once ``grace_s`` has passed.
+        grace_s: How long the minimum rate is not checked.
+        max_resumes: Broken transfers resumed before giving up.
+        chunk_timeout_s: Stall bound: no data for this long means the hub is stalled, and
+            the fetch fails at once (asking a stalled hub again would only wait again).
+    """
 
     deadline_s: float = 300.0
     min_rate_bytes_per_s: float = 16 * 1024
-    grace_s: float = 10.0  # the minimum rate applies only after this long
+    grace_s: float = 10.0
     max_resumes: int = 5
-    chunk_timeout_s: float = 30.0
+    chunk_timeout_s: float = 15.0
 
 
 class FetchAborted(TransportError):
@@ -37,6 +46,8 @@ class AgentTransport(ABC):
 
     #: Set by implementations from the hub URL, for logs.
     url: str = ""
+    #: Bounds of every fetch that names none; the defaults of :class:`FetchLimits` if unset.
+    fetch_limits: FetchLimits | None = None
 
     @abstractmethod
     async def connect(self, register: pb.Envelope) -> None:
@@ -89,7 +100,7 @@ class AgentTransport(ABC):
             TransportError: over ``max_bytes``, past the deadline, below the
                 minimum rate, or failed more than ``max_resumes`` times.
         """
-        limits = limits or FetchLimits()
+        limits = limits or self.fetch_limits or FetchLimits()
         buf = bytearray()
         started = time.monotonic()
         failures = 0
@@ -125,8 +136,8 @@ class AgentTransport(ABC):
             except StopAsyncIteration:
                 return
             except TimeoutError as exc:
-                raise TransportError(
-                    f"no data for {path} in {limits.chunk_timeout_s:.0f} s"
+                raise FetchAborted(
+                    f"the hub stalled: no data for {path} in {limits.chunk_timeout_s:g} s"
                 ) from exc
             if time.monotonic() - started > limits.deadline_s:
                 raise FetchAborted(f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline")

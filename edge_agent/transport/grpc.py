@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 
 from edge_agent.errors import TransportError
-from edge_agent.transport.base import AgentTransport, FetchAborted
+from edge_agent.transport.base import AgentTransport, FetchAborted, FetchLimits
 from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
 from protos.envelope import validate_envelope
@@ -74,12 +74,14 @@ class GrpcAgentTransport(AgentTransport):
         *,
         credentials: grpc.ChannelCredentials | None = None,
         connect_timeout_s: float = 10.0,
+        fetch_limits: FetchLimits | None = None,
     ) -> None:
         self.url = f"{'grpc' if credentials is None else 'grpcs'}://{target}"
         self._target = target
         self._device_id = device_id
         self._credentials = credentials
         self._connect_timeout_s = connect_timeout_s
+        self.fetch_limits = fetch_limits
         self._channel: grpc.aio.Channel | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
         self._outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)

@@ -1,23 +1,25 @@
 """The agent's MQTT 5 transport: one broker session per connection, same semantics as gRPC.
 
-paho runs its network loop in its own thread; every callback is handed to the
-asyncio loop with ``call_soon_threadsafe`` and all state is touched on that loop
-only. The session is persistent (``clean_start=False`` with a session expiry),
-everything travels at QoS 1, presence is a retained ``online`` plus a Last Will
-``offline``, and fetches are MQTT 5 request/response in windows of chunks.
-A lost connection ends the transport (``receive`` raises), as a broken gRPC
-stream does; the agent then opens a new one and the broker resumes the session.
+paho is driven from the asyncio event loop (:class:`PahoLoop`: ``add_reader`` and
+``add_writer``, no network thread), so its callbacks run on that loop and all
+state is touched there only. The session is persistent (``clean_start=False``
+with a session expiry), everything travels at QoS 1, presence is a retained
+``online`` plus a Last Will ``offline``, and fetches are MQTT 5 request/response
+in windows of chunks. A lost connection ends the transport (``receive`` raises),
+as a broken gRPC stream does; the agent then opens a new one and the broker
+resumes the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import socket
 import ssl
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -30,6 +32,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from edge_agent.errors import TransportError
 from edge_agent.transport.base import AgentTransport
 from edge_agent.transport.mqtt_fetch import MAX_CHUNK_BYTES, read_chunk, window_request
+from edge_agent.transport.paho_loop import PahoLoop
 from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
@@ -46,6 +49,7 @@ _QUEUE_CAP = 1000
 _SEEN_CAP = 4096
 _UNACKED_CAP = 1000
 _REGISTER_RETRY_S = (2.0, 30.0)
+_CLOSE_TIMEOUT_S = 2.0
 
 
 class _Lost(TransportError):
@@ -55,8 +59,26 @@ class _Lost(TransportError):
 class MqttAgentTransport(AgentTransport):
     """Talks to ``mqtt://host:port/prefix`` (or ``mqtts://``) as one device.
 
+    Over ``mqtts://`` with a client certificate (the device's enrolled identity,
+    ``<state>/identity/device.crt`` and ``device.key``), the broker names the
+    device by its certificate and its ACL confines it to its own topics. The
+    device receives only messages addressed to it: there are no group topics.
+
+    Args:
+        url: the broker and topic prefix; ``ca``, ``cert`` and ``key`` may also be
+            given in its query (the arguments win).
+        device_id: this device's id (its certificate's common name).
+        ca: PEM CA the broker's certificate must chain to (default: the system's roots).
+        cert: PEM client certificate naming this device.
+        key: the client certificate's PEM private key.
+        connect_timeout_s: how long to wait for the broker's answers.
+        fetch_window: chunks asked for per fetch request.
+        send_timeout_s: how long ``send`` waits while the broker stops acknowledging.
+
     Raises:
-        TransportError: the URL is malformed (from the constructor).
+        TransportError: the URL is malformed, TLS files are given for ``mqtt://``,
+            a certificate without its key or the other way round, or the TLS files
+            cannot be loaded (from the constructor).
     """
 
     def __init__(
@@ -64,6 +86,9 @@ class MqttAgentTransport(AgentTransport):
         url: str,
         device_id: str,
         *,
+        ca: Path | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
         connect_timeout_s: float = 10.0,
         fetch_window: int = 32,
         send_timeout_s: float = 30.0,
@@ -74,13 +99,13 @@ class MqttAgentTransport(AgentTransport):
             self._status_topic = self._topics.status(device_id)
         except ProtocolError as exc:
             raise TransportError(str(exc)) from exc
+        self._tls = _tls_context(self._ep, ca, cert, key)
         self.url = self._ep.redacted()
         self._device_id = device_id
         self._connect_timeout_s = connect_timeout_s
         self._send_timeout_s = send_timeout_s
         self._fetch_window = max(1, min(fetch_window, 64))
         self._client: mqtt.Client | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._incoming: asyncio.Queue[pb.Envelope | TransportError] = asyncio.Queue()
         self._waiters: dict[str, asyncio.Future[Any]] = {}
         self._fetches: dict[bytes, asyncio.Queue[tuple[str, bytes] | TransportError]] = {}
@@ -90,18 +115,12 @@ class MqttAgentTransport(AgentTransport):
         self._drained = asyncio.Event()
         self._drained.set()
         self._lost: str | None = None
+        self._io: PahoLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: Messages from the broker this transport refused, by reason.
         self.dropped: Counter[str] = Counter()
 
-    # -- paho thread -> asyncio loop ---------------------------------------------
-
-    def _post(self, fn: Callable[..., None], *args: object) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed under us: nothing to tell
-            loop.call_soon_threadsafe(fn, *args)
+    # -- paho, driven from the event loop ---------------------------------------------
 
     def _make_client(self) -> mqtt.Client:
         ep = self._ep
@@ -112,18 +131,21 @@ class MqttAgentTransport(AgentTransport):
             protocol=mqtt.MQTTv5,
             reconnect_on_failure=False,
         )
-        # The user name defaults to the device id so broker ACLs can use %u.
+        # The user name defaults to the device id; a broker that names clients by
+        # their certificate (use_identity_as_username) ignores it.
         client.username_pw_set(ep.username or self._device_id, ep.password)
-        if ep.tls:
-            client.tls_set_context(ssl.create_default_context(cafile=ep.ca_file))
+        if self._tls is not None:
+            client.tls_set_context(self._tls)
         client.connect_timeout = self._connect_timeout_s
         client.will_set(self._status_topic, STATUS_OFFLINE, qos=1, retain=True)
-        client.on_connect = lambda _c, _u, flags, rc, _p: self._post(self._on_connack, rc)
-        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._post(self._on_lost, str(rc))
-        client.on_subscribe = lambda _c, _u, mid, rcs, _p: self._post(self._on_suback, mid, rcs)
-        client.on_publish = lambda _c, _u, mid, _rc, _p: self._post(self._on_puback, mid)
-        client.on_message = lambda _c, _u, msg: self._post(self._on_message, *_unpack(msg))
         return client
+
+    def _install_callbacks(self, client: mqtt.Client) -> None:
+        client.on_connect = lambda _c, _u, _f, rc, _p: self._on_connack(rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_lost(str(rc))
+        client.on_subscribe = lambda _c, _u, mid, rcs, _p: self._on_suback(mid, rcs)
+        client.on_publish = lambda _c, _u, mid, _rc, _p: self._on_puback(mid)
+        client.on_message = lambda _c, _u, msg: self._on_message(*_unpack(msg))
 
     def _on_connack(self, rc: ReasonCode) -> None:
         self._resolve("connack", None if not rc.is_failure else TransportError(f"refused: {rc}"))
@@ -203,16 +225,15 @@ class MqttAgentTransport(AgentTransport):
         Raises:
             TransportError: the broker is unreachable, refused us, or did not answer in time.
         """
-        self._loop = asyncio.get_running_loop()
         client = self._client = self._make_client()
         try:
             await self._open_socket(client)
-            client.loop_start()
             await self._wait("connack")
             await self._subscribe(client, register)
             self._publish(self._status_topic, STATUS_ONLINE, retain=True)
             self._publish_envelope(register)
         except BaseException:
+            self._on_lost("not connected")  # nothing to say goodbye on: just drop the socket
             await self.close()
             raise
         self._tasks.append(asyncio.create_task(self._retry_register(register)))
@@ -226,7 +247,7 @@ class MqttAgentTransport(AgentTransport):
         )
         props.MaximumPacketSize = _MAX_PACKET
         keepalive = self._ep.keepalive_s or _DEFAULT_KEEPALIVE_S
-        connect = asyncio.to_thread(
+        connect = functools.partial(
             client.connect,
             self._ep.host,
             self._ep.port,
@@ -234,26 +255,16 @@ class MqttAgentTransport(AgentTransport):
             clean_start=False,
             properties=props,
         )
-        try:
-            await asyncio.wait_for(connect, self._connect_timeout_s + 1)
-        except (OSError, ValueError) as exc:
-            raise TransportError(f"cannot reach the broker at {self.url}: {exc}") from exc
-        except TimeoutError as exc:
-            raise TransportError(f"the broker at {self.url} did not answer in time") from exc
-        sock = client.socket()
-        if isinstance(sock, socket.socket):
-            # paho never sets it; Nagle adds tens of ms to small request/response traffic.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        io = self._io = PahoLoop(client, self.url)
+        await io.connect(connect, self._connect_timeout_s + 1)
+        self._install_callbacks(client)
+        io.watch()
 
     async def _subscribe(self, client: mqtt.Client, register: pb.Envelope) -> None:
         # Retained desired state is sent only for a new subscription; a resumed
         # session gets what was queued for it instead of a second copy.
         opts = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        filters = [(self._topics.device_down_filter(self._device_id), opts)]
-        for key, value in sorted(register.register.labels.items()):
-            with contextlib.suppress(ProtocolError):  # a label that cannot name a topic
-                filters.append((self._topics.group_filter(key, value), opts))
-        rc, mid = client.subscribe(filters)
+        rc, mid = client.subscribe([(self._topics.device_down_filter(self._device_id), opts)])
         if rc != mqtt.MQTT_ERR_SUCCESS or mid is None:
             raise TransportError(f"cannot subscribe: {mqtt.error_string(rc)}")
         await self._wait(f"sub-{mid}")
@@ -362,7 +373,7 @@ class MqttAgentTransport(AgentTransport):
             self._fetches.pop(corr, None)
 
     async def close(self) -> None:
-        """Say ``offline``, disconnect and stop paho's thread; safe to call twice."""
+        """Say ``offline``, disconnect and stop watching the socket; safe to call twice."""
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
@@ -374,16 +385,41 @@ class MqttAgentTransport(AgentTransport):
             with contextlib.suppress(TransportError):
                 mid = self._publish(self._status_topic, STATUS_OFFLINE, retain=True)
                 if mid in self._unacked:
-                    await self._wait(f"pub-{mid}", 2.0)
+                    await self._wait(f"pub-{mid}", _CLOSE_TIMEOUT_S)
             self._client = None
-            client.disconnect()
+            if client.disconnect() == mqtt.MQTT_ERR_SUCCESS and self._io is not None:
+                # The writer sends the DISCONNECT, then paho closes the socket.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._io.closed.wait(), _CLOSE_TIMEOUT_S)
         self._on_lost("closed")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.to_thread(client.loop_stop), 5.0)
+        if self._io is not None:
+            self._io.close()
+
+
+def _tls_context(
+    ep: MqttEndpoint, ca: Path | None, cert: Path | None, key: Path | None
+) -> ssl.SSLContext | None:
+    """The TLS context for ``ep`` (``None`` for ``mqtt://``); arguments win over the URL's."""
+    ca_file = ca or (Path(ep.ca_file) if ep.ca_file else None)
+    cert_file = cert or (Path(ep.cert_file) if ep.cert_file else None)
+    key_file = key or (Path(ep.key_file) if ep.key_file else None)
+    if not ep.tls:
+        if any(f is not None for f in (ca_file, cert_file, key_file)):
+            raise TransportError(f"TLS files given for {ep.redacted()}: use mqtts://")
+        return None
+    if (cert_file is None) != (key_file is None):
+        raise TransportError("a client certificate and its key go together")
+    try:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        if cert_file is not None and key_file is not None:
+            ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise TransportError(f"cannot load the TLS files for {ep.redacted()}: {exc}") from exc
+    return ctx
 
 
 def _unpack(msg: mqtt.MQTTMessage) -> tuple[str, bytes, bytes | None, str]:
-    """Copy what the agent needs out of a paho message (runs on paho's thread)."""
+    """Copy what the agent needs out of a paho message."""
     props = msg.properties
     corr = getattr(props, "CorrelationData", None) if props is not None else None
     ctype = getattr(props, "ContentType", "") if props is not None else ""

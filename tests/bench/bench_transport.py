@@ -306,7 +306,7 @@ def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def prepare_hub(work: Path, grpc_port: int, url: str) -> str:
-    hub = Hub.init(work / "hub", grpc_bind=f"127.0.0.1:{grpc_port}", mqtt_url=url)
+    hub = Hub.init(work / "hub", grpc_bind=f"127.0.0.1:{grpc_port}", mqtt_url=url, insecure=True)
     blob = work / "blob.bin"
     blob.write_bytes(os.urandom(FETCH_BYTES))
     hub.trust.add_target("bench/blob.bin", blob)

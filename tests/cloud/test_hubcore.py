@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from cloud.director import DirectorSettings, HubDirector
 from cloud.errors import FetchRefusedError, FetchTooLargeError, FetchUnknownDeviceError
 from cloud.hubcore import HubCore, fetch_error_code, running
 from cloud.store import open_store
 from protos import ProtocolError, kind_of, make_envelope, pb
+from protos.envelope import now_ms
 from protos.fetch import FetchErrorCode
 from skills.trust import TrustRepository
+from skills.trust.director import DirectorVerifier
 
 
 @pytest.fixture
@@ -184,3 +187,65 @@ def test_a_redelivered_older_report_does_not_hide_a_newer_one(core: HubCore) -> 
     asyncio.run(core.handle("cam-1", report("cam-1", 3, "3.0.0", t + 5)))  # newer generation wins
     rep = core.store.reported_for("cam-1")
     assert rep is not None and (rep.generation, rep.skills[0].version) == (3, "3.0.0")
+
+
+# -- signed desired state (the director) ------------------------------------------------
+
+
+def _verify(director: HubDirector, env: pb.Envelope, device: str, last: int) -> int:
+    verifier = DirectorVerifier([director.public_pem()])
+    inst = verifier.verify(
+        env.signed_desired.instruction, device_id=device, last_counter=last, now_ms=now_ms()
+    )
+    return inst.counter
+
+
+def test_a_core_with_a_director_signs_desired_state_consistently_across_processes(
+    core: HubCore, tmp_path: Path
+) -> None:
+    director = HubDirector(tmp_path / "home")
+    signed = HubCore(core.store, core.trust, director=director)
+    replies = asyncio.run(signed.register(register("cam-1", kind="camera")))
+    assert [kind_of(r) for r in replies] == ["welcome", "signed_desired"]
+    assert _verify(director, replies[1], "cam-1", 0) == 1
+    # Another hub process with the same home and store hands out the same instruction.
+    other = HubCore(core.store, core.trust, director=HubDirector(tmp_path / "home"))
+    again = asyncio.run(other.desired("cam-1"))
+    assert again.signed_desired.instruction == replies[1].signed_desired.instruction
+    # Polls by either process sign nothing new while nothing changed.
+    assert director.revisions(core.store) == {"cam-1": 1}
+    assert other.director is not None and other.director.revisions(core.store) == {"cam-1": 1}
+    assert director.signed + other.director.signed == 1
+
+
+def test_instructions_near_expiry_are_signed_again_with_a_new_counter(
+    core: HubCore, tmp_path: Path
+) -> None:
+    director = HubDirector(tmp_path / "home", DirectorSettings(ttl_s=100.0, refresh_margin_s=10.0))
+    signed = HubCore(core.store, core.trust, director=director)
+    first = asyncio.run(signed.register(register("cam-1")))[1]
+    now = now_ms()
+    assert director.revisions(core.store, now) == {"cam-1": 1}
+    assert director.revisions(core.store, now + 95_000) == {"cam-1": 2}
+    stored = core.store.instruction_for("cam-1")
+    assert stored is not None and stored.instruction != first.signed_desired.instruction
+    assert HubCore.revision(first) == 1
+
+
+def test_security_events_are_stored_counted_acknowledged_and_deduplicated(core: HubCore) -> None:
+    asyncio.run(core.register(register("cam-1")))
+    event = pb.SecurityEvent(kind="desired-refused", reason="foreign", detail="x", count=3)
+    env = make_envelope("cam-1", security_event=event)
+    session = core.session()
+
+    async def send_twice() -> list[list[pb.Envelope]]:
+        await session.open(register("cam-1").SerializeToString())
+        return [await session.receive(env.SerializeToString()) for _ in range(2)]
+
+    first, second = asyncio.run(send_twice())
+    assert [kind_of(r) for r in first] == ["ack"] == [kind_of(r) for r in second]
+    assert core.security_events == {("desired-refused", "foreign"): 3}
+    stored = core.store.security_events("cam-1")
+    assert [(e.kind, e.reason, e.count, e.detail) for e in stored] == [
+        ("desired-refused", "foreign", 3, "x")
+    ]

@@ -19,13 +19,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from cloud.hub import Hub
-from cloud.hubcore import HubCore, running
+from cloud.hubcore import running
 from cloud.mqtt_client import clear_retained
 from cloud.mqtt_server import MqttHubServer, MqttServerSettings, start_mqtt_server
 from edge_agent.errors import TransportError
 from edge_agent.transport.mqtt import MqttAgentTransport
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.topics import MqttEndpoint
+from skills.trust.director import Instruction, SignedInstruction
 from tests.support import async_wait_until
 
 pytestmark = pytest.mark.mqtt
@@ -113,16 +114,22 @@ def test_register_over_mqtt_answers_like_the_core(hub: Hub, url: str) -> None:
     async def main() -> None:
         async with serving(hub, url), device(url, "cam-1") as cam:
             welcome = await next_of(cam, "welcome")
-            desired = await next_of(cam, "desired")
-        direct = await HubCore(hub.store, hub.trust).register(
+            desired = await next_of(cam, "signed_desired")
+        direct = await hub.core().register(
             make_envelope("cam-2", register=pb.Register(labels={"kind": "camera"}))
         )
-        assert [kind_of(e) for e in direct] == ["welcome", "desired"]
+        assert [kind_of(e) for e in direct] == ["welcome", "signed_desired"]
         assert welcome.welcome == direct[0].welcome
-        assert desired.desired == direct[1].desired
-        assert [s.version for s in desired.desired.skills] == ["1.0.0"]
+        got = instruction_of(desired)
+        assert got.device_id == "cam-1"
+        assert got.payload == instruction_of(direct[1]).payload.replace(b"cam-2", b"cam-1")
 
     asyncio.run(main())
+
+
+def instruction_of(env: pb.Envelope) -> Instruction:
+    """The director's instruction a ``signed_desired`` envelope carries (not verified here)."""
+    return SignedInstruction.from_bytes(env.signed_desired.instruction).instruction
 
 
 def test_telemetry_is_stored_once_and_every_copy_is_acked(hub: Hub, url: str) -> None:
@@ -198,16 +205,16 @@ def test_bad_messages_are_dropped_and_counted_while_others_are_served(hub: Hub, 
 
 
 def test_desired_changes_reach_devices_and_stay_retained(hub: Hub, url: str) -> None:
-    topic = MqttEndpoint.parse(url).topics.down("cam-1", "desired")
+    topic = MqttEndpoint.parse(url).topics.down("cam-1", "signed_desired")
 
     async def main() -> None:
         async with serving(hub, url), device(url, "cam-1") as cam:
-            assert (await next_of(cam, "desired")).desired.generation == 0
+            first = instruction_of(await next_of(cam, "signed_desired"))
             # a deployment made outside this hub process (the CLI, another hub)
             hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=3)
-            pushed = await next_of(cam, "desired")
-            assert pushed.desired.generation == 1
-            assert [s.version for s in pushed.desired.skills] == ["1.0.0"]
+            pushed = instruction_of(await next_of(cam, "signed_desired"))
+            assert pushed.counter > first.counter
+            assert b"1.0.0" in pushed.payload
         got: list[bytes] = []
         reader = raw_client()
         reader.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload))
@@ -215,7 +222,7 @@ def test_desired_changes_reach_devices_and_stay_retained(hub: Hub, url: str) -> 
         await eventually(lambda: bool(got))
         reader.disconnect()
         reader.loop_stop()
-        assert decode_envelope(got[0]).desired.generation == 1
+        assert instruction_of(decode_envelope(got[0])).counter == pushed.counter
 
     asyncio.run(main())
 

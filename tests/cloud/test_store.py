@@ -80,11 +80,12 @@ def test_register_device_inserts_then_updates(store: Store) -> None:
     assert first.online and first.profile == {"arch": "x86_64", "cpus": 4}
 
     store.touch_device("cam-1", now_ms=20, online=False)
+    # A device registering again cannot change its labels (only the hub's API can).
     again = store.register_device("cam-1", {"kind": "gateway"}, {"arch": "arm64"}, now_ms=30)
     stored = store.get_device("cam-1")
     assert stored == again
     assert (stored.labels, stored.profile, stored.last_seen_ms, stored.online) == (
-        {"kind": "gateway"},
+        CAMERA,
         {"arch": "arm64"},
         30,
         True,
@@ -210,8 +211,11 @@ def test_deployment_sets_desired_state_of_matching_devices_only(store: Store) ->
     assert store.desired_for("cam-2").skills == desired.skills
     store.register_device("cam-1", CAMERA, {"new": "profile"}, now_ms=7)
     assert store.desired_for("cam-1") == desired
-    # Losing the label drops the skill and bumps the generation.
+    # Registering with other labels changes nothing; losing the label through the hub's
+    # API drops the skill and bumps the generation.
     store.register_device("cam-1", {"kind": "gateway"}, {}, now_ms=8)
+    assert store.desired_for("cam-1") == desired
+    store.set_device_labels("cam-1", {"kind": "gateway"})
     assert store.desired_for("cam-1").generation == 2
     assert store.desired_for("cam-1").skills == ()
 

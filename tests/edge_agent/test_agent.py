@@ -25,6 +25,8 @@ from edge_agent.sandbox.launcher import SkillLauncher, make_launcher
 from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource
 from protos import decode_envelope, kind_of, make_envelope, pb
+from protos.envelope import now_ms
+from skills.trust.director import DirectorKey, Instruction
 from tests.fakes.fake_launcher import FakeLauncher
 from tests.support import async_wait_until
 from tests.support.skillkit import build_skill
@@ -144,6 +146,26 @@ def _agent(
     )
 
 
+def _trust_director(config: AgentConfig) -> DirectorKey:
+    """A director key whose public half the agent trusts (as enrolment leaves it)."""
+    key = DirectorKey.generate()
+    identity = config.state_dir / "identity"
+    identity.mkdir(parents=True, exist_ok=True)
+    (identity / "director.pub").write_bytes(key.public_pem)
+    return key
+
+
+def _sign(
+    key: DirectorKey, device: str, counter: int, desired: pb.DesiredState, ttl_ms: int = 60_000
+) -> bytes:
+    inst = Instruction(device, counter, now_ms() + ttl_ms, desired.SerializeToString())
+    return key.sign(inst).to_bytes()
+
+
+def _signed_env(data: bytes) -> pb.Envelope:
+    return make_envelope("hub", signed_desired=pb.SignedDesired(instruction=data))
+
+
 def _telemetry(entries: list[bytes]) -> list[pb.Telemetry]:
     envs = [decode_envelope(p) for p in entries]
     return [e.telemetry for e in envs if kind_of(e) == "telemetry"]
@@ -201,7 +223,11 @@ def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> No
         config={"events_per_item": str(per_item)},
     )
     desired = pb.DesiredState(generation=1, skills=[spec])
-    (config.state_dir / "desired.bin").write_bytes(desired.SerializeToString())
+    # The instruction a signed desired state left behind on an earlier run.
+    key = _trust_director(config)
+    signed = _sign(key, "cam-1", 1, desired)
+    (config.state_dir / "director").mkdir()
+    (config.state_dir / "director" / "instruction.bin").write_bytes(signed)
     source = ReplaySource(x=np.zeros((items, 8, 8), dtype=np.float32), y=None)
     launcher = make_launcher(PROFILE.targets, PROFILE.precisions, tmp_path / "logs")
     transport = OfflineTransport(config.state_dir / "outbox.db")
@@ -225,3 +251,55 @@ def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> No
     assert {(t.skill, t.version) for t in windows} == {("emitter", "1.0.0")}
     assert sum(t.inferences for t in windows) == items
     assert sum(t.metrics["events"] for t in windows) == per_item * items
+
+
+def test_only_the_directors_instructions_for_this_device_are_followed(tmp_path: Path) -> None:
+    config = _config(tmp_path, reconcile_interval_s=60.0)
+    key = _trust_director(config)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    agent = _agent(config, transport, FakeLauncher())
+    old = pb.DesiredState(generation=1)
+    new = pb.DesiredState(generation=2)
+    genuine_1, genuine_2 = _sign(key, "cam-1", 1, old), _sign(key, "cam-1", 2, new)
+    attacks = [
+        ("unsigned", make_envelope("hub", desired=pb.DesiredState(generation=2**62))),
+        ("unknown-key", _signed_env(_sign(DirectorKey.generate(), "cam-1", 9, old))),
+        ("foreign", _signed_env(_sign(key, "cam-2", 9, old))),
+        ("expired", _signed_env(_sign(key, "cam-1", 9, old, ttl_ms=-1))),
+        ("reordered", _signed_env(genuine_1)),
+        ("replayed", _signed_env(_sign(key, "cam-1", 2, old))),
+        ("bad-signature", _signed_env(genuine_2[:-1] + bytes([genuine_2[-1] ^ 1]))),
+        ("malformed", _signed_env(b"ESDI1" + bytes(100))),
+    ]
+
+    def reported() -> dict[tuple[str, str], int]:
+        events = [decode_envelope(e.payload) for e in agent.outbox.pending(limit=1000)]
+        counts: dict[tuple[str, str], int] = {}
+        for env in events:
+            if kind_of(env) == "security_event":
+                key_ = (env.security_event.kind, env.security_event.reason)
+                counts[key_] = counts.get(key_, 0) + env.security_event.count
+        return counts
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await transport.inbox.put(_signed_env(genuine_1))
+        await async_wait_until(lambda: agent.gate.last_counter == 1, 10, "the first instruction")
+        await transport.inbox.put(_signed_env(genuine_1))  # a retained copy: ignored quietly
+        await transport.inbox.put(_signed_env(genuine_2))
+        await async_wait_until(lambda: agent.gate.last_counter == 2, 10, "the second instruction")
+        for _, env in attacks:
+            await transport.inbox.put(env)
+        expected = {("desired-refused", reason): 1 for reason, _ in attacks}
+        await async_wait_until(lambda: reported() == expected, 10, "every refusal reported")
+        stop.set()
+        await running
+
+    asyncio.run(main())
+    assert agent.desired == new
+    assert dict(agent.security.totals) == {("desired-refused", r): 1 for r, _ in attacks}
+    # A restart keeps the replay protection.
+    again = _agent(config, transport, FakeLauncher())
+    assert (again.gate.last_counter, again.desired) == (2, new)
+    again.outbox.close()

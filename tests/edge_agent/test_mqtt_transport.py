@@ -216,16 +216,17 @@ def test_receive_drops_garbage_and_duplicates(url: str) -> None:
     run_with(url, body)
 
 
-def test_fetch_resumes_after_a_lost_chunk_and_a_stalled_window(url: str) -> None:
+def test_fetch_resumes_after_a_lost_chunk_and_fails_fast_on_a_stall(url: str) -> None:
     data = bytes(range(256)) * 1200  # 300 KiB in 16 KiB chunks
     served = serve_file(data)
+    stall = [True]
 
     def flaky(hub: ScriptedHub, request: Request) -> None:
         n = len(hub.requests)
         if n == 1:  # lose the second chunk of the first window
             hub.chunk(request, 0, data[:16384], len(data))
             hub.chunk(request, 32768, data[32768:49152], len(data))
-        elif n == 2:
+        elif n == 2 and stall[0]:
             return  # stall: nothing at all comes back
         else:
             served(hub, request)
@@ -233,10 +234,14 @@ def test_fetch_resumes_after_a_lost_chunk_and_a_stalled_window(url: str) -> None
     async def body(t: MqttAgentTransport, hub: ScriptedHub) -> None:
         await asyncio.wait_for(t.receive(), 5)
         hub.serve = flaky
-        got = await t.fetch("targets/x", 1 << 20, FetchLimits(chunk_timeout_s=0.5))
-        assert got == data
-        offsets = [r.req.offset for r in hub.requests]
-        assert offsets[:3] == [0, 16384, 16384]  # resumed where the gap was, twice
+        limits = FetchLimits(chunk_timeout_s=0.5)
+        with pytest.raises(FetchAborted, match="stalled"):
+            await t.fetch("targets/x", 1 << 20, limits)
+        assert [r.req.offset for r in hub.requests] == [0, 16384]  # resumed where the gap was
+        stall[0] = False
+        hub.requests.clear()
+        assert await t.fetch("targets/x", 1 << 20, limits) == data
+        assert [r.req.offset for r in hub.requests][:2] == [0, 16384]
         assert len({r.corr for r in hub.requests}) == len(hub.requests)
 
     run_with(url, body)

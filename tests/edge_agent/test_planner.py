@@ -76,11 +76,16 @@ class Device:
                 else:
                     versions = tuple(sorted({*skill.versions, version}))
                     self.skills[name] = replace(skill, versions=versions)
-            case Activate(name, version):
-                assert version in skill.versions
-                previous = skill.current if skill.current != version else skill.previous
+            case Activate(name, version, config):
+                # Start and health-check first; only a healthy version becomes current.
+                assert version in skill.versions and skill.current != version
+                if (name, version) in self.broken:
+                    self.failures.append(Failure(name, version, generation, math.inf))
+                    self.skills[name] = replace(skill, running=False)
+                    return
+                self.started_with[name] = config
                 self.skills[name] = replace(
-                    skill, current=version, previous=previous, running=False
+                    skill, current=version, previous=skill.current, running=True
                 )
             case Start(name, version, config):
                 assert skill.current == version and not skill.running
@@ -152,7 +157,11 @@ def test_faults_still_reach_a_fixed_point_and_keep_a_working_version(
     unfetchable: set[tuple[str, str]],
 ) -> None:
     device = as_device(installed, broken=frozenset(broken), unfetchable=frozenset(unfetchable))
+    vetted = {(s.name, v) for s in installed for v in (s.current, s.previous)}
     device.converge(desired)
+    for name, now in device.skills.items():  # only a vetted version may be current broken
+        if (name, now.current) in broken:
+            assert (name, now.current) in vetted
     assert set(device.skills) <= {s.name for s in desired.skills}
     for spec in desired.skills:
         skill = device.skills.get(spec.name)
@@ -195,7 +204,7 @@ def test_a_failed_fetch_is_retried_only_after_its_backoff(
     failed = Failure(spec.name, spec.version, desired.generation, 100.0 + backoff)
     early = plan(desired, installed, [failed], 100.0)
     assert Fetch(spec.name, spec.version, spec.target) not in early
-    assert Activate(spec.name, spec.version) not in early
+    assert Activate(spec.name, spec.version, spec.config) not in early
     assert plan(desired, installed, [failed], 100.0 + backoff) == plan(desired, installed, [], 0.0)
 
 
@@ -251,7 +260,7 @@ def test_an_unknown_desired_state_keeps_what_is_installed(
             assert device.started_with.get(before.name, ()) == ()
 
 
-def test_an_upgrade_with_a_broken_version_rolls_back_and_keeps_the_old_one() -> None:
+def test_a_broken_version_is_health_checked_before_the_switch_and_never_becomes_current() -> None:
     device = Device(
         {"cam": Installed("cam", "1", None, ("1",), running=True)},
         broken=frozenset({("cam", "2")}),
@@ -267,9 +276,7 @@ def test_an_upgrade_with_a_broken_version_rolls_back_and_keeps_the_old_one() -> 
             device.run(action, desired.generation, 0.0)
     assert steps == [
         Fetch("cam", "2", "cam/2"),
-        Activate("cam", "2"),
-        Start("cam", "2", (("mode", "a"),)),
-        Rollback("cam", "2"),
+        Activate("cam", "2", (("mode", "a"),)),
         Start("cam", "1", (("mode", "a"),)),
     ]
-    assert device.skills["cam"] == Installed("cam", "1", "2", ("1", "2"), running=True)
+    assert device.skills["cam"] == Installed("cam", "1", None, ("1", "2"), running=True)

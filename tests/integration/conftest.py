@@ -1,8 +1,11 @@
 """A real hub process and real agent processes on loopback, for end-to-end tests.
 
 The ``cluster`` fixture runs every test twice: agents talking gRPC to the hub,
-and agents talking MQTT 5 through the system broker (127.0.0.1:1883) under a
-topic prefix of their own, which is wiped of retained messages afterwards.
+authenticated (mutual TLS; each agent enrols with a claim token on its first
+start), and agents talking MQTT 5 through the system broker (127.0.0.1:1883)
+under a topic prefix of their own, which is wiped of retained messages
+afterwards. The system broker has no TLS, so MQTT agents run with an explicit
+``--insecure`` until the suite's own TLS broker is used here.
 """
 
 from __future__ import annotations
@@ -78,11 +81,21 @@ class Cluster:
     hub_url: str
 
     def start_agent(self, device_id: str, labels: list[str], source: Path | None = None) -> None:
+        """Start an agent; over gRPC it enrols with a claim for ``labels`` on its first start."""
         root = self.home / "trust" / "metadata" / "root.json"
         state = self.work / "agents" / device_id
-        self.fleet.start(
-            device_id, agent_args(self.hub_url, device_id, labels, state, root, source)
-        )
+        args = agent_args(self.hub_url, device_id, labels, state, root, source)
+        self.fleet.start(device_id, args + self.identity_args(device_id, labels))
+
+    def identity_args(self, device_id: str, labels: list[str]) -> list[str]:
+        """Agent arguments for the device's identity: a claim token, or ``--insecure``."""
+        if not self.hub_url.startswith("grpcs://"):
+            return ["--insecure"]
+        if (self.work / "agents" / device_id / "identity" / "device.crt").exists():
+            return []  # enrolled on an earlier start
+        wanted = dict(label.split("=", 1) for label in labels)
+        token = self.hub.enroller().create_claim(wanted)
+        return ["--claim-token", token, "--hub-ca", str(self.home / "pki" / "ca.crt")]
 
     def deploy(self, version: str, group: str = "cameras") -> None:
         self.hub.store.create_deployment("digits", version, group, now_ms=now_ms())
@@ -145,7 +158,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, bundles: Bundles) ->
     try:
         wait_for_port(port)  # the hub subscribes on the broker before it opens this port
         yield Cluster(
-            hub, tmp_path / "hub", tmp_path, fleet, mqtt_url or f"grpc://127.0.0.1:{port}"
+            hub, tmp_path / "hub", tmp_path, fleet, mqtt_url or f"grpcs://127.0.0.1:{port}"
         )
     finally:
         fleet.stop_all()

@@ -80,7 +80,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
     tmp_path: Path, fleet: Fleet
 ) -> None:
     with postgres_schema_url() as url:
-        Hub.init(tmp_path / "hub", store_url=url).close()
+        Hub.init(tmp_path / "hub", store_url=url, insecure=True).close()  # two on one machine
         hubs = start_hubs(fleet, tmp_path / "hub", ["hub-a", "hub-b"])
 
         def states() -> list[dict[str, float] | None]:

@@ -68,7 +68,8 @@ def hub(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HubProcess]:
         prefix = f"es-test/{uuid.uuid4().hex[:12]}"
         mqtt_url = f"mqtt://127.0.0.1:1883/{prefix}?session_expiry=60&keepalive=30"
     home = tmp_path / "hub"
-    hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url)
+    # The seam under test is the agent object, not identity: plain transports.
+    hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url, insecure=True)
     dist = tmp_path / "dist"
     for version in ("1.0.0", "2.0.0"):  # no model files: the fake launcher loads none
         FleetService(hub).skills.publish(build_skill(LIBRARY / "digits", version, [], dist))
@@ -100,6 +101,7 @@ def _build(tmp_path: Path, url: str, n: int) -> list[tuple[Agent, FakeLauncher]]
             trusted_root=root,
             reconcile_interval_s=5.0,
             telemetry_window_s=5.0,
+            insecure=True,
         )
         launcher = FakeLauncher()
         agents.append((build_agent(config, PROFILE, launcher=launcher), launcher))

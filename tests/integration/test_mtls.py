@@ -195,6 +195,8 @@ def test_an_agent_over_grpcs_installs_a_skill(tls_cluster: TlsCluster) -> None:
         f"grpcs://127.0.0.1:{c.port}", "cam-1", ["kind=camera"], c.work / "agent", root, None
     )
     args += ["--ca", str(certs / "ca.crt"), "--cert", str(certs / "cam-1.crt")]
+    # Certificates issued by hand, not by enrolment: the director key is given explicitly.
+    args += ["--director-key", str(c.work / "hub" / "director" / "director.pub")]
     c.fleet.start("cam-1", [*args, "--key", str(certs / "cam-1.key")])
     c.hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=now_ms())
 

@@ -89,7 +89,7 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
     broker.start()
     url = f"mqtt://127.0.0.1:{broker.port}/es-outage?session_expiry=3600&keepalive=5"
     grpc_port = free_port()
-    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{grpc_port}")
+    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{grpc_port}", insecure=True)
     FleetService(hub).skills.publish(bundles.v1)
     hub.store.create_group("cameras", "kind=camera")
     source = tmp_path / "source.npz"
@@ -100,6 +100,7 @@ def test_broker_outage_loses_and_duplicates_no_telemetry(tmp_path: Path, bundles
     def start(device_id: str, with_source: bool = True) -> None:
         state = tmp_path / "agents" / device_id
         args = agent_args(url, device_id, LABELS, state, root, source if with_source else None)
+        args += ["--insecure"]  # the system broker has no TLS; the outbox is under test here
         if with_source:
             args += ["--source-loop", "--source-rate", "20", "--telemetry-window", "0.5"]
         fleet.start(device_id, args)

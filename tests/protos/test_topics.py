@@ -26,15 +26,12 @@ def test_hub_reads_through_shared_subscriptions() -> None:
     ]
 
 
-def test_group_topics_name_one_label() -> None:
+def test_there_are_no_group_topics() -> None:
+    # A message to many devices cannot carry a per-device signature, so there are none.
     t = Topics()
-    assert (
-        t.group_down("kind", "camera", "desired")
-        == f"{DEFAULT_PREFIX}/grp/kind=camera/down/desired"
-    )
-    assert t.group_filter("site", "plant-3") == f"{DEFAULT_PREFIX}/grp/site=plant-3/down/#"
-    with pytest.raises(ProtocolError):
-        t.group_filter("zone", "a/b")  # a label value with a slash cannot be one topic level
+    assert not hasattr(t, "group_down")
+    assert not hasattr(t, "group_filter")
+    assert t.down("cam-1", "signed_desired") == f"{DEFAULT_PREFIX}/dev/cam-1/down/desired"
 
 
 @pytest.mark.parametrize(
@@ -47,6 +44,7 @@ def test_group_topics_name_one_label() -> None:
         f"{DEFAULT_PREFIX}/dev/cam-1/up/telemetry/extra",
         f"{DEFAULT_PREFIX}/dev/cam-1",
         f"{DEFAULT_PREFIX}/dev/{'x' * 129}/up/telemetry",
+        f"{DEFAULT_PREFIX}/grp/kind=camera/down/desired",  # group topics are gone
     ],
 )
 def test_parse_refuses_what_is_not_a_device_topic(topic: str) -> None:
