@@ -50,7 +50,7 @@ from edge_agent.sandbox import SkillProcess
 from edge_agent.sandbox.launcher import SkillLauncher
 from protos import pb
 from protos.limits import MAX_ERROR_CHARS, MAX_VARIANT_CHARS
-from skills.errors import SkillError
+from skills.errors import BundleError, ManifestError, SkillError, TrustError
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +256,10 @@ class Reconciler:
             # The version that runs now keeps running; the failure is reported.
             self._retry_later(name, version)
             self._set(SkillState(name, current, "failed", str(exc), version, current))
+            refused = exc if isinstance(exc, SkillError) else exc.__cause__
+            if isinstance(refused, (TrustError, BundleError, ManifestError)):  # not a fault of
+                reason = "trust" if isinstance(refused, TrustError) else "bundle"  # the network
+                self.on_event("install-refused", reason, str(exc), f"{name} {version}")
         except Exception as exc:  # a background task: nobody else would see it
             log.exception("fetching %s %s failed unexpectedly", name, version)
             self._retry_later(name, version)

@@ -20,6 +20,7 @@ from tuf.api.metadata import Metadata, Root, TargetFile
 from tuf.ngclient import FetcherInterface, Updater, UpdaterConfig
 
 from skills.errors import FetchError, SkillError, TrustError
+from skills.trust._files import stage_copy
 from skills.trust._names import check_target_name
 
 __all__ = ["FetchFn", "TrustClient", "TrustLimits"]
@@ -136,6 +137,7 @@ class TrustClient:
         self._limits = limits if limits is not None else TrustLimits()
         self._metadata_dir = Path(state_dir) / "metadata"
         self._targets_dir = Path(state_dir) / "targets"
+        self._verified_dir = Path(state_dir) / "verified"
         self._fetch = fetch
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
@@ -145,6 +147,7 @@ class TrustClient:
             raise TrustError(f"no trusted root: none given and none in {self._metadata_dir}")
         self._metadata_dir.mkdir(parents=True, exist_ok=True)
         self._targets_dir.mkdir(parents=True, exist_ok=True)
+        self._verified_dir.mkdir(mode=0o700, exist_ok=True)
 
     @property
     def _root_path(self) -> Path:
@@ -160,12 +163,15 @@ class TrustClient:
             name: The target name, such as ``digits/digits-1.0.0.skill``.
 
         Returns:
-            The path of the verified file under ``state_dir/targets``.
+            A private copy of the verified file under ``state_dir/verified``, hashed
+            again as it was copied; install from it (it is replaced by the next fetch
+            of the same target).
 
         Raises:
             TrustError: Verification failed (rollback, freeze, untrusted signature,
                 hash or length mismatch, oversize or invalid metadata), the hub lacks
-                a file the metadata lists, or the target is unknown.
+                a file the metadata lists, the target is unknown, or the verified file
+                changed before it could be copied.
             FetchError: The fetch function failed (transport or hub trouble).
             OSError: The local state folder cannot be read or written.
         """
@@ -229,10 +235,27 @@ class TrustClient:
                 f"{self._limits.max_target_bytes}"
             )
         cached = updater.find_cached_target(info)
-        if cached is not None:
-            return Path(cached)
-        fetcher.target_cap = info.length
-        return Path(updater.download_target(info))
+        if cached is None:
+            fetcher.target_cap = info.length
+            cached = updater.download_target(info)
+        return self._private_copy(name, Path(cached), info)
+
+    def _private_copy(self, name: str, cached: Path, info: TargetFile) -> Path:
+        """Copy a verified target into a private file, hashing the copy, and check it again.
+
+        The caller installs from the copy, so the bytes it unpacks are the bytes
+        checked here: a file swapped after ngclient verified it (as in RAUC's
+        CVE-2020-25860) is refused instead of installed.
+        """
+        for old in self._verified_dir.glob(f"{_copy_prefix(name)}*"):
+            old.unlink(missing_ok=True)  # the previous copy of this target
+        staged, sha256, length = stage_copy(cached, self._verified_dir, info.length)
+        if length != info.length or sha256 != info.hashes.get("sha256"):
+            staged.unlink(missing_ok=True)
+            raise TrustError(f"target {name!r} changed after it was verified; refusing it")
+        final = self._verified_dir / f"{_copy_prefix(name)}{sha256[:16]}"
+        staged.replace(final)
+        return final
 
     def _updater(self, fetcher: _HubFetcher) -> Updater:
         # Once the state folder has a root it is the anchor: it may be newer
@@ -253,6 +276,10 @@ class TrustClient:
             config,
             bootstrap=bootstrap,
         )
+
+
+def _copy_prefix(name: str) -> str:
+    return name.replace("/", "__") + "."
 
 
 def _translate(name: str, exc: Exception) -> SkillError:

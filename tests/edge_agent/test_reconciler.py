@@ -278,3 +278,32 @@ def test_a_crashed_skill_is_restarted_on_the_next_pass(
         await rec.shutdown()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("error", "event"),
+    [
+        (TrustError("hash mismatch (tampered or corrupt file)"), ("install-refused", "trust")),
+        (FetchError("not connected to the hub"), None),  # the network's fault: no event
+    ],
+)
+def test_a_refused_bundle_is_reported_as_a_security_event(
+    tmp_path: Path, bundles: dict[str, Path], error: Exception, event: tuple[str, str] | None
+) -> None:
+    hub = Hub(bundles)
+    events: list[tuple[str, str, str, str]] = []
+    rec = make(tmp_path, hub)
+    rec.on_event = lambda kind, reason, detail, subject: events.append(
+        (kind, reason, detail, subject)
+    )
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        hub.fail = error
+        await rec.reconcile(desired(2, "2.0.0"))
+        assert state(rec) == ("1.0.0", "failed", "2.0.0")
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+    refused = [(k, r, s) for k, r, _d, s in events if k == "install-refused"]
+    assert refused == ([(*event, "digits 2.0.0")] if event else [])

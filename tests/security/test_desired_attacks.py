@@ -1,7 +1,7 @@
 """Forged desired state: a real hub with its director key, a real agent, and an attacker.
 
 The attacker speaks for the hub on the device's channel (a rogue gRPC hub the
-device was pointed at, or a message left on the broker) and sends desired states
+device was pointed at, or a retained message left on the broker) and sends desired states
 that are unsigned, signed by another key, replayed, reordered, meant for another
 device, expired, or carry a huge generation. Each must be refused and counted
 on the agent, reported to the real hub and counted there, while the device
@@ -11,17 +11,22 @@ keeps running its last good version and still follows the next real deployment.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import grpc.aio
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud.director import HubDirector
 from cloud.grpc_server import start_grpc_server
 from cloud.hub import Hub
 from cloud.hubcore import HubCore, running
+from cloud.mqtt_client import clear_retained
+from cloud.mqtt_server import start_mqtt_server
 from cloud.service import FleetService
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig
@@ -30,6 +35,7 @@ from edge_agent.transport import open_transport
 from edge_agent.wiring import build_agent
 from protos import decode_envelope, make_envelope, pb
 from protos.envelope import now_ms
+from protos.topics import MqttEndpoint
 from skills.trust.director import DirectorKey, Instruction
 from tests.fakes.fake_launcher import FakeLauncher
 from tests.support import async_wait_until
@@ -224,3 +230,87 @@ async def _drop_session(agent: Agent) -> None:
     transport = agent.transport
     assert transport is not None
     await transport.close()
+
+
+def test_forged_desired_states_left_on_the_broker_are_refused_counted_and_reported(
+    tmp_path: Path,
+) -> None:
+    # Over MQTT the attacker is anyone who can publish on the device's down topic of a
+    # broker without the generated ACL (the README's old default): each forged state
+    # is published retained, as the attack report did it.
+    url = f"mqtt://127.0.0.1:1883/es-test/{uuid.uuid4().hex[:12]}?session_expiry=60&keepalive=5"
+    hub = Hub.init(tmp_path / "home", insecure=True)
+    service = FleetService(hub)
+    director = HubDirector(hub.home)
+    for version in ("1.0.0", "2.0.0"):
+        service.skills.publish(_bundle(tmp_path, version))
+
+    async def scenario() -> None:
+        async with running(HubCore(hub.store, hub.trust, director=director)) as core:
+            server = await start_mqtt_server(core, url)
+            config = AgentConfig(
+                hub_url=url,
+                device_id="cam-1",
+                state_dir=tmp_path / "agent",
+                trusted_root=service.trusted_root,
+                director_key=director.public_path,
+                labels={"kind": "camera"},
+                reconcile_interval_s=0.5,
+                max_backoff_s=0.2,
+            )
+            agent = build_agent(config, PROFILE, launcher=FakeLauncher())
+            stop = asyncio.Event()
+            task = asyncio.create_task(agent.run(stop))
+            try:
+                await _attack_over_mqtt(hub, core, director, agent, url)
+            finally:
+                stop.set()
+                await task
+                await server.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        service.close()
+        clear_retained(url)
+
+
+async def _attack_over_mqtt(
+    hub: Hub, core: HubCore, director: HubDirector, agent: Agent, url: str
+) -> None:
+    await async_wait_until(lambda: agent.gate.last_counter == 1, 20, "the first instruction")
+    first = agent.gate._accepted
+    hub.store.register_device("cam-2", {"kind": "camera"}, {}, now_ms=now_ms())
+    hub.store.create_group("cams", "kind=camera")
+    hub.store.create_deployment("guard", "1.0.0", "cams", now_ms=now_ms())
+    await async_wait_until(
+        lambda: agent.reconciler.version_of("guard") == "1.0.0", 30, "v1 running"
+    )
+    await async_wait_until(lambda: hub.store.instruction_for("cam-2") is not None, 10, "cam-2")
+    attacks = _attacks(hub, director, first)
+    endpoint = MqttEndpoint.parse(url)
+    topic = endpoint.topics.down("cam-1", "desired")
+    attacker = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    attacker.connect("127.0.0.1", 1883)
+    attacker.loop_start()
+    try:
+        seen: dict[tuple[str, str], int] = {}
+        for reason, env in attacks.items():
+            attacker.publish(topic, env.SerializeToString(), qos=1, retain=True).wait_for_publish(5)
+            seen[("desired-refused", reason)] = 1
+            await async_wait_until(
+                lambda want=dict(seen): dict(agent.security.totals) == want, 20, reason
+            )
+    finally:
+        attacker.loop_stop()
+        attacker.disconnect()
+    assert agent.reconciler.version_of("guard") == "1.0.0"
+    assert agent.reconciler.states["guard"].state == "running"
+    assert agent.gate.last_counter == 2
+    await async_wait_until(
+        lambda: dict(core.security_events) == seen, 20, "the hub to count every refusal"
+    )
+    hub.store.create_deployment("guard", "2.0.0", "cams", now_ms=now_ms())
+    await async_wait_until(
+        lambda: agent.reconciler.version_of("guard") == "2.0.0", 30, "v2 running"
+    )

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata, MetaFile, TargetFile
 
+import skills.trust.client as client_module
 from skills.errors import FetchError, TrustError
 from skills.trust import TrustClient, TrustLimits, TrustRepository
 
@@ -96,7 +97,7 @@ def test_fetch_verifies_and_then_uses_the_cache(tmp_path: Path) -> None:
 
     first = client.fetch_target(NAME)
     assert first.read_bytes() == b"bundle bytes" * 100
-    assert first.is_relative_to(tmp_path / "agent" / "targets")
+    assert first.is_relative_to(tmp_path / "agent" / "verified")  # a private, re-hashed copy
     assert fetch.target_calls() == [repo.targets()[0].path]
 
     fetch.calls.clear()
@@ -372,3 +373,27 @@ def test_concurrent_adds_all_land(tmp_path: Path) -> None:
     assert _load(tmp_path / "hub", "timestamp").signed.version == 9
     client, _ = _client(tmp_path, repo)
     assert client.fetch_target("s/5.skill").read_bytes() == b"bundle 5"
+
+
+def test_a_target_swapped_after_verification_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RAUC's CVE-2020-25860: the bundle was checked, then opened again for install.
+    # Here the verified file is swapped in the moment between ngclient's check and
+    # the private copy the agent installs from; the copy is hashed and refused.
+    repo = _hub(tmp_path)
+    _add(tmp_path, repo, NAME, b"genuine bundle")
+    client, _ = _client(tmp_path, repo)
+    real_copy = client_module.stage_copy
+
+    def swap_then_copy(source: Path, folder: Path, max_bytes: int) -> tuple[Path, str, int]:
+        source.write_bytes(b"evil bundle!!!")  # same length, other bytes
+        return real_copy(source, folder, max_bytes)
+
+    monkeypatch.setattr(client_module, "stage_copy", swap_then_copy)
+    with pytest.raises(TrustError, match="changed after it was verified"):
+        client.fetch_target(NAME)
+    assert list((tmp_path / "agent" / "verified").iterdir()) == []
+
+    monkeypatch.undo()  # the swapped cache fails ngclient's own check and is fetched again
+    assert client.fetch_target(NAME).read_bytes() == b"genuine bundle"
