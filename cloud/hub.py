@@ -26,7 +26,9 @@ from cloud.loops import LoopHost, periodic
 from cloud.metrics import start_hub_metrics
 from cloud.pki import PKI_DIR, init_hub_pki
 from cloud.store import Store, open_store
+from skills.errors import SkillError
 from skills.trust import TrustRepository
+from skills.trust.ceremony import load_signers
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +176,8 @@ class Hub:
         insecure: bool = False,
         enroll_bind: str = "",
         server_names: tuple[str, ...] = (),
+        root_keys: tuple[Path, ...] = (),
+        root_threshold: int = 1,
     ) -> Hub:
         """Create a new hub home with fresh signing keys, and its PKI unless ``insecure``.
 
@@ -191,6 +195,9 @@ class Hub:
             insecure: plain gRPC, no device identities (test networks only).
             enroll_bind: where devices enrol; default the gRPC port plus one.
             server_names: more DNS names or addresses for the hub's certificate.
+            root_keys: offline TUF root keys (PEM files, e.g. from ``edgeskill trust
+                generate-root-keys``); without them the root key is kept online.
+            root_threshold: how many of ``root_keys`` must sign a new root.
 
         Raises:
             HubError: the home already holds a hub, or the PKI cannot be written.
@@ -198,6 +205,14 @@ class Hub:
         """
         if (home / CONFIG_FILE).exists():
             raise HubError(f"{home} already holds a hub ({CONFIG_FILE} exists)")
+        if not 1 <= root_threshold <= max(1, len(root_keys)):
+            raise ValidationError(
+                f"a root threshold of {root_threshold} needs at least that many --root-key files"
+            )
+        try:
+            root_signers = load_signers(root_keys) if root_keys else None
+        except SkillError as exc:
+            raise HubError(str(exc)) from exc
         home.mkdir(parents=True, exist_ok=True)
         url = store_url or f"sqlite:///{(home / 'hub.db').resolve()}"
         if tls is None and not insecure:
@@ -214,7 +229,12 @@ class Hub:
             enroll_bind=enroll_bind or enroll_bind_for(grpc_bind),
             insecure=insecure,
         )
-        trust = TrustRepository.init(home / "trust")
+        try:
+            trust = TrustRepository.init(
+                home / "trust", root_signers=root_signers, root_threshold=root_threshold
+            )
+        except SkillError as exc:
+            raise HubError(f"cannot create the TUF repository: {exc}") from exc
         store = open_store(url)
         config.dump(home / CONFIG_FILE)
         return cls(home, config, store, trust)

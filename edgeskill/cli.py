@@ -202,6 +202,14 @@ def hub_init(
         list[str] | None,
         typer.Option(help="Another DNS name or address for the hub's certificate; repeat."),
     ] = None,
+    root_key: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="An offline TUF root key (from `trust generate-root-keys`); repeat. "
+            "Without: the root key is kept online (move it offline, see SECURITY.md)."
+        ),
+    ] = None,
+    root_threshold: Annotated[int, typer.Option(help="Root keys needed to sign a root.")] = 1,
     insecure: InsecureOpt = False,
 ) -> None:
     """Create a hub home: signing keys (mode 0600), TUF metadata, the store and its CA.
@@ -225,12 +233,19 @@ def hub_init(
             insecure=insecure,
             enroll_bind=enroll_bind,
             server_names=tuple(server_name or ()),
+            root_keys=tuple(root_key or ()),
+            root_threshold=root_threshold,
         )
     except HubError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     hub.close()
     console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
+    if not root_key:
+        console.print(
+            "[yellow]note:[/] the TUF root key is online in the hub home; move it offline "
+            "with `edgeskill trust rotate-root` (SECURITY.md, key ceremony)"
+        )
     if not insecure:
         console.print(
             f"devices enrol at grpcs://{hub.config.enroll_bind} and trust the CA "
@@ -323,7 +338,6 @@ def claim_create(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Make a claim token and print it; it is shown once (the hub keeps only its hash)."""
-
     labels = _labels(label)
     with _fleet(home) as fleet:
         token = fleet.identity.create_claim(labels, uses, _ttl_seconds(ttl), reenroll=reenroll)
@@ -336,7 +350,6 @@ def hub_revoke(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Revoke a device's certificate; the hub and the broker refuse it from now on."""
-
     with _fleet(home) as fleet:
         crl = fleet.identity.revoke(device_id)
     console.print(f"revoked {device_id}; CRL written to {crl}")

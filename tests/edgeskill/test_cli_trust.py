@@ -7,6 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from edgeskill.cli import app as main_app
 from edgeskill.cli_trust import app
 from skills.trust import TrustRepository
 
@@ -68,3 +69,29 @@ def test_repair_and_errors_are_clear(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["rotate-key", "root", "--home", str(home)])
     assert bad.exit_code == 2
     assert "has no online key" in bad.output
+
+
+def test_hub_init_can_start_with_an_offline_root(tmp_path: Path) -> None:
+    out = tmp_path / "offline"
+    assert (
+        runner.invoke(app, ["generate-root-keys", "--out", str(out), "--count", "2"]).exit_code == 0
+    )
+    keys = [a for k in sorted(out.glob("root-*.pem")) for a in ("--root-key", str(k))]
+    home = tmp_path / "hub"
+    made = runner.invoke(
+        main_app, ["hub", "init", "--home", str(home), "--insecure", "--root-threshold", "2", *keys]
+    )
+    assert made.exit_code == 0, made.output
+    assert not (home / "trust" / "keys" / "root.pem").exists()
+    status = runner.invoke(app, ["status", "--home", str(home)])
+    assert "the root key is online" not in status.output
+    root = TrustRepository.open(home / "trust").metadata("root").signed
+    assert (len(root.roles["root"].keyids), root.roles["root"].threshold) == (2, 2)
+
+    too_many = runner.invoke(
+        main_app,
+        ["hub", "init", "--home", str(tmp_path / "other"), "--root-threshold", "3", *keys],
+    )
+    assert too_many.exit_code == 2
+    assert "a root threshold of 3 needs at least that many --root-key files" in too_many.output
+    assert not (tmp_path / "other").exists()  # refused before anything was written
