@@ -19,12 +19,11 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
-from typing import BinaryIO
 
 from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
-from cloud.errors import FetchRefusedError, FetchTooLargeError, ValidationError
+from cloud.errors import ValidationError
+from cloud.fetch_serving import fetch_error_code, open_repository_file
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
 from cloud.store import Store
@@ -40,9 +39,7 @@ from cloud.wire import (
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
-from protos.fetch import FetchErrorCode
 from protos.limits import DEVICE_ID_PATTERN, MAX_DEVICE_LABELS, MAX_REPORTED_SKILLS
-from skills.errors import SkillError
 from skills.trust import TrustRepository
 
 __all__ = [
@@ -94,19 +91,6 @@ def check_device_id(device_id: str) -> str:
     if not DEVICE_ID_RE.match(device_id):
         raise ProtocolError(f"bad device id {device_id!r}")
     return device_id
-
-
-def fetch_error_code(exc: Exception) -> FetchErrorCode:
-    """The wire code a fetch refusal raised by :meth:`HubCore.open_fetch` is sent with.
-
-    Raises:
-        TypeError: ``exc`` is not a fetch refusal (a bug in the caller).
-    """
-    if isinstance(exc, FileNotFoundError):
-        return FetchErrorCode.NOT_FOUND
-    if isinstance(exc, FetchRefusedError):
-        return exc.code
-    raise TypeError(f"not a fetch refusal: {type(exc).__name__}")
 
 
 class HubCore:
@@ -384,33 +368,8 @@ class HubCore:
             FetchTooLargeError: the file is over the caller's or the hub's cap.
             FetchRefusedError: a bad path or an offset outside the file.
         """
-        parts = PurePosixPath(path).parts
-        if (
-            not parts
-            or parts[0] not in ("metadata", "targets")
-            or ".." in parts
-            or path.startswith("/")
-        ):
-            raise FetchRefusedError(f"bad fetch path {path!r}")
         cap = min(max_bytes or self.limits.max_fetch_bytes, self.limits.max_fetch_bytes)
-        try:
-            size, fh = self.trust.open_file(path)
-        except SkillError as exc:  # the trust repository refused the path
-            raise FetchRefusedError(str(exc)) from exc
-        if size > cap:
-            fh.close()
-            raise FetchTooLargeError(f"{path} has {size} bytes, over the {cap} byte cap")
-        if offset < 0 or offset > size:
-            fh.close()
-            raise FetchRefusedError(f"offset {offset} outside {path}")
-        fh.seek(offset)
-        return size, _chunks(fh, self.limits.chunk_bytes)
-
-
-def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:
-    with fh:
-        while chunk := fh.read(size):
-            yield chunk
+        return open_repository_file(self.trust, path, offset, cap, self.limits.chunk_bytes)
 
 
 @contextlib.asynccontextmanager

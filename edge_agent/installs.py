@@ -15,9 +15,6 @@ complete, verified active version per skill.
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import secrets
 import shutil
 import threading
@@ -25,17 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent._install_layout import (
+    LINKS,
+    MARKER,
+    NAME,
+    TEMP_LINK_PREFIXES,
+    check_name,
+    delete_path,
+    fsync,
+    installed_ns,
+    is_complete,
+    is_verified,
+    is_version_dir,
+    read_link,
+    write_marker,
+)
 from edge_agent.errors import InstallError
 
 __all__ = ["MARKER", "InstallStore", "InstalledSkill"]
 
-MARKER = ".edgeskill-installed.json"
-"""Written last into a version folder; a folder without it is a half-finished install."""
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-_LINKS = ("current", "previous")
-_TEMP_LINK_PREFIXES = ("current.", "previous.")
-_MAX_MARKER_BYTES = 8 * 1024 * 1024
 
 InstallFn = Callable[[Path, Path], object]
 StepHook = Callable[[str], None]
@@ -121,9 +126,9 @@ class InstallStore:
             try:
                 for entry in sorted(self._skills.iterdir()):
                     if entry.name.startswith("."):
-                        _delete(entry)
+                        delete_path(entry)
                         cleaned.append(f"{self._rel(entry)}: leftover")
-                    elif entry.is_dir() and not entry.is_symlink() and _NAME.fullmatch(entry.name):
+                    elif entry.is_dir() and not entry.is_symlink() and NAME.fullmatch(entry.name):
                         cleaned.extend(self._recover_skill(entry))
             except OSError as exc:
                 raise InstallError(f"cannot recover the installs: {exc}") from exc
@@ -132,13 +137,13 @@ class InstallStore:
     def _recover_skill(self, skill_dir: Path) -> list[str]:
         cleaned: list[str] = []
         for entry in sorted(skill_dir.iterdir()):
-            if entry.name.startswith(".") or entry.name.startswith(_TEMP_LINK_PREFIXES):
-                _delete(entry)
+            if entry.name.startswith(".") or entry.name.startswith(TEMP_LINK_PREFIXES):
+                delete_path(entry)
                 cleaned.append(f"{self._rel(entry)}: leftover")
-            elif _is_version_dir(entry) and not _verified(entry):
+            elif is_version_dir(entry) and not is_verified(entry):
                 self._discard(entry)
                 cleaned.append(f"{self._rel(entry)}: incomplete or damaged")
-        for link in _LINKS:
+        for link in LINKS:
             if (skill_dir / link).is_symlink() and self._active(skill_dir, link) is None:
                 (skill_dir / link).unlink()
                 cleaned.append(f"{self._rel(skill_dir / link)}: dangling")
@@ -149,7 +154,7 @@ class InstallStore:
             cleaned.append(f"{self._rel(skill_dir / 'current')}: fell back to {prev}")
         if prev is not None and cur in (None, prev):
             (skill_dir / "previous").unlink()
-        _fsync(skill_dir)
+        fsync(skill_dir)
         if not any(skill_dir.iterdir()):
             skill_dir.rmdir()
         return cleaned
@@ -160,7 +165,7 @@ class InstallStore:
         Raises:
             InstallError: The name or version is not a safe folder name.
         """
-        return _is_complete(self._skill_dir(name) / _check_name("version", version, version=True))
+        return is_complete(self._skill_dir(name) / check_name("version", version, version=True))
 
     def version_dir(self, name: str, version: str) -> Path:
         """The folder of a complete unpacked version, active or not.
@@ -168,8 +173,8 @@ class InstallStore:
         Raises:
             InstallError: Bad name or version, or that version is not installed.
         """
-        path = self._skill_dir(name) / _check_name("version", version, version=True)
-        if not _is_complete(path):
+        path = self._skill_dir(name) / check_name("version", version, version=True)
+        if not is_complete(path):
             raise InstallError(f"{name} {version} is not installed")
         return path
 
@@ -189,20 +194,20 @@ class InstallStore:
                 nothing of this version is left behind.
         """
         skill_dir = self._skill_dir(name)
-        dest = skill_dir / _check_name("version", version, version=True)
+        dest = skill_dir / check_name("version", version, version=True)
         with self._lock:
-            if _is_complete(dest):
+            if is_complete(dest):
                 return dest
             new_skill = not skill_dir.exists()
             try:
                 skill_dir.mkdir(parents=True, exist_ok=True)
                 if dest.exists() or dest.is_symlink():
-                    _delete(dest)  # an interrupted unpack that recover() has not seen
+                    delete_path(dest)  # an interrupted unpack that recover() has not seen
                 self._install_fn(bundle, dest)
-                if not _is_version_dir(dest):
+                if not is_version_dir(dest):
                     raise InstallError(f"the installer did not create {dest.name}/")
                 self._hook("unpacked")
-                self._write_marker(name, version, dest)
+                write_marker(name, version, dest)
             except Exception as exc:
                 self._undo_unpack(dest, skill_dir, new_skill)
                 if isinstance(exc, InstallError):
@@ -210,25 +215,6 @@ class InstallStore:
                 raise InstallError(f"cannot install {name} {version} from {bundle}: {exc}") from exc
             self._hook("marked")
             return dest
-
-    def _write_marker(self, name: str, version: str, dest: Path) -> None:
-        """Flush every unpacked file to disk, then record their sizes in the marker, last."""
-        if (dest / MARKER).exists():
-            raise InstallError(f"the bundle contains the reserved file {MARKER}")
-        files: dict[str, int] = {}
-        for path in sorted(dest.rglob("*")):
-            if path.is_symlink():
-                raise InstallError(f"the unpacked bundle contains a link: {path.relative_to(dest)}")
-            if path.is_file():
-                files[path.relative_to(dest).as_posix()] = path.stat().st_size
-            _fsync(path)
-        tmp = dest / f"{MARKER}.tmp"
-        record = {"name": name, "version": version, "files": files}
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        _fsync(tmp)
-        tmp.replace(dest / MARKER)
-        _fsync(dest)
-        _fsync(dest.parent)
 
     def _undo_unpack(self, dest: Path, skill_dir: Path, new_skill: bool) -> None:
         if dest.exists() and not dest.is_symlink():
@@ -246,9 +232,9 @@ class InstallStore:
             InstallError: The version is not installed, or the links cannot be switched.
         """
         skill_dir = self._skill_dir(name)
-        _check_name("version", version, version=True)
+        check_name("version", version, version=True)
         with self._lock:
-            if not _is_complete(skill_dir / version):
+            if not is_complete(skill_dir / version):
                 raise InstallError(f"{name} {version} is not installed")
             cur = self._active(skill_dir, "current")
             if cur == version:
@@ -283,7 +269,7 @@ class InstallStore:
                     self._set_link(skill_dir, "previous", cur)
                 else:
                     (skill_dir / "previous").unlink()
-                    _fsync(skill_dir)
+                    fsync(skill_dir)
             except OSError as exc:
                 raise InstallError(f"cannot roll {name} back to {prev}: {exc}") from exc
             return prev
@@ -309,7 +295,7 @@ class InstallStore:
             InstallError: The skills folder cannot be read.
         """
         try:
-            names = sorted(p.name for p in self._skills.iterdir() if _NAME.fullmatch(p.name))
+            names = sorted(p.name for p in self._skills.iterdir() if NAME.fullmatch(p.name))
         except OSError as exc:
             raise InstallError(f"cannot list {self._skills}: {exc}") from exc
         found = (self.current(n) for n in names)
@@ -323,7 +309,7 @@ class InstallStore:
         """
         try:
             return sorted(
-                p.name for p in self._skills.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()
+                p.name for p in self._skills.iterdir() if NAME.fullmatch(p.name) and p.is_dir()
             )
         except OSError as exc:
             raise InstallError(f"cannot list {self._skills}: {exc}") from exc
@@ -339,7 +325,7 @@ class InstallStore:
             if not skill_dir.is_dir():
                 return []
             try:
-                return sorted(p.name for p in skill_dir.iterdir() if _is_complete(p))
+                return sorted(p.name for p in skill_dir.iterdir() if is_complete(p))
             except OSError as exc:
                 raise InstallError(f"cannot list the versions of {name}: {exc}") from exc
 
@@ -383,116 +369,41 @@ class InstallStore:
     def _prune(self, skill_dir: Path, keep: int) -> None:
         cur = self._active(skill_dir, "current")
         prev = self._active(skill_dir, "previous")
-        complete = [p for p in skill_dir.iterdir() if _is_complete(p)]
-        complete.sort(key=_installed_ns, reverse=True)
+        complete = [p for p in skill_dir.iterdir() if is_complete(p)]
+        complete.sort(key=installed_ns, reverse=True)
         ranked = [v for v in (cur, prev) if v is not None]
         ranked += [p.name for p in complete if p.name not in ranked]
         kept = set(ranked[:keep])
         if prev is not None and prev not in kept:
             (skill_dir / "previous").unlink()
-            _fsync(skill_dir)
+            fsync(skill_dir)
         for path in complete:
             if path.name not in kept:
                 self._discard(path)
 
     def _skill_dir(self, name: str) -> Path:
-        return self._skills / _check_name("skill name", name)
+        return self._skills / check_name("skill name", name)
 
     def _active(self, skill_dir: Path, link: str) -> str | None:
         """The version a link points at, if that version is complete."""
-        target = _read_link(skill_dir / link)
-        return target if target is not None and _is_complete(skill_dir / target) else None
+        target = read_link(skill_dir / link)
+        return target if target is not None and is_complete(skill_dir / target) else None
 
     def _set_link(self, skill_dir: Path, link: str, version: str) -> None:
         tmp = skill_dir / f"{link}.tmp-{secrets.token_hex(4)}"
         tmp.symlink_to(version)
         self._hook(f"{link}-tmp")
         tmp.replace(skill_dir / link)
-        _fsync(skill_dir)
+        fsync(skill_dir)
         self._hook(f"{link}-replaced")
 
     def _discard(self, path: Path) -> None:
         """Delete a complete folder so that no crash can leave it looking complete."""
         trash = path.parent / f".trash-{path.name}-{secrets.token_hex(4)}"
         path.replace(trash)
-        _fsync(path.parent)
+        fsync(path.parent)
         self._hook("trashed")
         shutil.rmtree(trash)
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self._root).as_posix()
-
-
-def _check_name(what: str, value: str, *, version: bool = False) -> str:
-    ok = isinstance(value, str) and _NAME.fullmatch(value) is not None
-    if ok and version:  # versions share a folder with the links
-        ok = value not in _LINKS and not value.startswith(_TEMP_LINK_PREFIXES)
-    if not ok:
-        raise InstallError(
-            f"bad {what} {value!r}: use 1-128 of letters, digits, '.', '_', '+', '-', "
-            "starting with a letter or digit; a version may not be 'current' or 'previous'"
-        )
-    return value
-
-
-def _delete(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
-def _is_version_dir(path: Path) -> bool:
-    return path.is_dir() and not path.is_symlink() and path.name not in _LINKS
-
-
-def _is_complete(path: Path) -> bool:
-    return _is_version_dir(path) and (path / MARKER).is_file()
-
-
-def _read_link(link: Path) -> str | None:
-    """The version a symlink names, or ``None`` if it is not a link to a plain version name."""
-    try:
-        return _check_name("link target", str(link.readlink()), version=True)
-    except (OSError, InstallError):
-        return None
-
-
-def _read_marker(version_dir: Path) -> dict[str, object] | None:
-    try:
-        with (version_dir / MARKER).open("rb") as f:
-            raw = f.read(_MAX_MARKER_BYTES + 1)
-        record = json.loads(raw) if len(raw) <= _MAX_MARKER_BYTES else None
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _installed_ns(version_dir: Path) -> int:
-    return (version_dir / MARKER).stat().st_mtime_ns
-
-
-def _verified(version_dir: Path) -> bool:
-    """Whether a version folder is complete and every file the marker lists has its size."""
-    if not _is_complete(version_dir):
-        return False
-    record = _read_marker(version_dir)
-    if record is None or record.get("version") != version_dir.name:
-        return False
-    files = record.get("files")
-    if not isinstance(files, dict):
-        return False
-    for rel, size in files.items():
-        path = version_dir / str(rel)
-        if path.is_symlink() or not path.is_file() or path.stat().st_size != size:
-            return False
-    return True
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's data, or a folder's entries (renames, new links), to the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -7,20 +7,23 @@ conversions, then the ``digits`` skill built from those artefacts (so
 ``kind=camera``; the two cameras install it and classify a held-out stream,
 the gateway gets nothing. Each component is a separate process.
 
-It runs authenticated, as the quick start does: the hub serves mutual TLS, and
-each agent enrols on its first start with a claim token the demo makes for
-its labels (the hub, not the agent, decides a device's labels). Over MQTT the
-system broker has no TLS, so those agents run with an explicit ``--insecure``.
+It runs authenticated, as the quick start does: each agent enrols on its first
+start with a claim token the demo makes for its labels (the hub, not the agent,
+decides a device's labels), over the hub's gRPC enrolment port. Over gRPC the
+hub then serves mutual TLS. Over MQTT (``--transport mqtt``) the demo starts a
+Mosquitto of its own on a free loopback port with the config the project
+generates (TLS trusting only the hub's CA, client certificates as user names,
+the hub's revocation list, the per-device ACL; see :mod:`cloud.broker`); the
+hub and the agents connect with their certificates, and the broker is stopped
+with the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -32,7 +35,14 @@ from rich.table import Table
 
 from cloud.errors import HubError
 from cloud.service import FleetService
-from edgeskill.processes import Fleet, agent_args, free_port, wait_for_port, wait_until
+from edgeskill.processes import (
+    Fleet,
+    agent_args,
+    find_program,
+    free_port,
+    wait_for_port,
+    wait_until,
+)
 
 LIBRARY = Path(__file__).resolve().parents[1] / "skills" / "library"
 
@@ -43,6 +53,9 @@ DEVICES = [
     ("cam-2", ["kind=camera"], "arm-cpu"),
     ("gw-1", ["kind=gateway"], "x86-cpu"),
 ]
+#: The demo's broker is its own, so the default topic prefix cannot meet anyone else's.
+MQTT_PREFIX = "edgeskill/v1"
+MQTT_OPTIONS = "session_expiry=600"
 
 
 @contextlib.contextmanager
@@ -58,7 +71,11 @@ def _workdir(path: Path | None) -> Iterator[Path]:
 def run_demo(
     console: Console, *, keep: bool = False, transport: str = "grpc", workdir: Path | None = None
 ) -> int:
-    """Run the demo; returns the exit status."""
+    """Run the demo; returns the exit status.
+
+    Raises:
+        ValueError: ``transport`` is neither ``grpc`` nor ``mqtt``.
+    """
     if keep and workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="edgeskill-demo-"))
     with _workdir(workdir) as work:
@@ -69,19 +86,25 @@ def run_demo(
 
 
 def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
+    if transport not in ("grpc", "mqtt"):
+        raise ValueError(f"unknown transport {transport!r}; use grpc or mqtt")
     started = time.monotonic()
     service = FleetService.init(work / "hub", grpc_bind=f"127.0.0.1:{free_port()}")
     fleet = Fleet(work / "logs")
+    broker = Fleet(work / "logs")  # stopped after the hub and the agents, its clients
     hub_url = ""
     try:
         holdout, count = _build_and_publish(console, service, work)
-        hub_url = _start_hub(fleet, service, work, transport)
+        if transport == "mqtt":
+            hub_url = _start_hub_mqtt(console, fleet, broker, service, work)
+        else:
+            hub_url = _start_hub(fleet, service, work)
         for device_id, labels, board in DEVICES:
             state = work / "agents" / device_id
             args = agent_args(
                 hub_url, device_id, labels, state, service.trusted_root, holdout, board
             )
-            fleet.start(device_id, args + _identity_args(service, hub_url, labels))
+            fleet.start(device_id, args + _identity_args(service, labels))
         wait_until(
             lambda: sum(d.online for d in service.devices.list()) == len(DEVICES),
             60,
@@ -94,18 +117,24 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
         ok = _print_table(console, service, count)
         console.print(f"demo finished in {time.monotonic() - started:.1f} s")
         if keep:
-            console.print(f"--keep: hub at {hub_url}, agents running; logs in {work / 'logs'}")
-            fleet.procs.clear()
+            _keep_running(console, work, hub_url, fleet, broker)
         return 0 if ok else 1
-    except (TimeoutError, HubError) as exc:
+    except (TimeoutError, HubError, OSError) as exc:
         console.print(f"[red]demo failed:[/] {exc}; logs in {work / 'logs'}")
         return 1
     finally:
-        kept = bool(keep and not fleet.procs)
         fleet.stop_all()
+        broker.stop_all()
         service.close()
-        if hub_url.startswith("mqtt") and not kept:
-            _forget_retained(hub_url)
+
+
+def _keep_running(console: Console, work: Path, hub_url: str, *fleets: Fleet) -> None:
+    """Leave the children running (--keep): forget them, and say how to stop them."""
+    pids = " ".join(str(p.pid) for f in fleets for p in f.procs.values())
+    console.print(f"--keep: hub at {hub_url}, agents running; logs in {work / 'logs'}")
+    console.print(f"stop them with: kill {pids}")
+    for f in fleets:
+        f.procs.clear()
 
 
 def _build_and_publish(console: Console, service: FleetService, work: Path) -> tuple[Path, int]:
@@ -144,39 +173,54 @@ def _build_and_publish(console: Console, service: FleetService, work: Path) -> t
     return holdout, len(data.test.x)
 
 
-def _identity_args(service: FleetService, hub_url: str, labels: list[str]) -> list[str]:
-    """A claim token for a device with ``labels`` (``--insecure`` over the plain broker)."""
-    if not hub_url.startswith("grpcs://"):
-        return ["--insecure"]
+def _identity_args(service: FleetService, labels: list[str]) -> list[str]:
+    """A claim token for a device with ``labels``, and where to enrol with it."""
     wanted = dict(label.split("=", 1) for label in labels)
     token = service.identity.create_claim(wanted, uses=1, ttl_s=600)
-    return ["--claim-token", token, "--hub-ca", str(service.home / "pki" / "ca.crt")]
+    ca = str(service.home / "pki" / "ca.crt")
+    enroll = f"grpcs://{service.config.enroll_bind}"
+    return ["--claim-token", token, "--hub-ca", ca, "--enroll-url", enroll]
 
 
-def _start_hub(fleet: Fleet, service: FleetService, work: Path, transport: str) -> str:
-    """Start the hub process; returns the URL agents connect to."""
+def _start_hub(fleet: Fleet, service: FleetService, work: Path, *extra: str) -> str:
+    """Start the hub process (gRPC, mutual TLS); returns the URL agents connect to.
+
+    Raises:
+        TimeoutError: the hub did not open its port in time.
+    """
     port = int(service.config.grpc_bind.rsplit(":", 1)[1])
-    args = ["hub", "serve", "--home", str(work / "hub")]
-    url = f"grpcs://127.0.0.1:{port}"
-    if transport == "mqtt":
-        # A topic prefix of its own keeps this demo apart from anything else on the broker.
-        broker = os.environ.get("EDGESKILL_DEMO_BROKER", "127.0.0.1:1883")
-        url = f"mqtt://{broker}/edgeskill-demo/{uuid.uuid4().hex[:8]}?session_expiry=600"
-        args += ["--mqtt", url]
-    elif transport != "grpc":
-        raise ValueError(f"unknown transport {transport!r}; use grpc or mqtt")
-    fleet.start("hub", args)
+    fleet.start("hub", ["hub", "serve", "--home", str(work / "hub"), *extra])
     wait_for_port(port)  # the hub subscribes on the broker before it opens this port
-    return url
+    return f"grpcs://127.0.0.1:{port}"
 
 
-def _forget_retained(url: str) -> None:
-    """Remove the demo's retained presence and desired state from the broker."""
-    from cloud.errors import TransportError  # noqa: PLC0415
-    from cloud.mqtt_client import clear_retained  # noqa: PLC0415 - only for MQTT demos
+def _start_hub_mqtt(
+    console: Console, fleet: Fleet, broker: Fleet, service: FleetService, work: Path
+) -> str:
+    """Start the demo's own TLS broker, then the hub serving through it; returns the agents' URL.
 
-    with contextlib.suppress(TransportError):
-        clear_retained(url)
+    Mosquitto runs as the user who runs the demo (``run_as``'s default): that user
+    owns the broker's key (mode 0600) and the private work folder. Started as root
+    with no ``user`` line it would switch to ``mosquitto``, which can read neither.
+
+    Raises:
+        HubError: Mosquitto is not installed, or its files cannot be written.
+        TimeoutError: the broker or the hub did not listen in time.
+        OSError: the broker could not be started.
+    """
+    from cloud.broker import hub_mqtt_url, write_broker_config  # noqa: PLC0415 - MQTT only
+
+    program = find_program("mosquitto")
+    if program is None:
+        raise HubError("the MQTT demo needs Mosquitto (the `mosquitto` program) installed")
+    port = free_port()
+    config = write_broker_config(service.home, work / "broker", port=port, prefix=MQTT_PREFIX)
+    proc = broker.spawn("broker", [program, "-c", str(config)])
+    wait_for_port(port, 10)
+    console.print(f"broker: Mosquitto (pid {proc.pid}) with TLS and the generated ACL, port {port}")
+    hub = hub_mqtt_url(service.home, "127.0.0.1", port, MQTT_PREFIX)
+    _start_hub(fleet, service, work, "--mqtt", f"{hub}&{MQTT_OPTIONS}")
+    return f"mqtts://127.0.0.1:{port}/{MQTT_PREFIX}?{MQTT_OPTIONS}"
 
 
 def _wait_for_inferences(

@@ -1,12 +1,14 @@
 """Running EdgeSkill as child processes: ports, waiting, agent arguments, a group of children.
 
-The demo starts its hub and agents with these; the integration tests do the same.
+The demo starts its hub and agents with these (and, over MQTT, its broker);
+the integration tests do the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Fleet", "agent_args", "free_port", "wait_for_port", "wait_until"]
+__all__ = ["Fleet", "agent_args", "find_program", "free_port", "wait_for_port", "wait_until"]
+
+# Where daemons such as mosquitto live, which a user's PATH often lacks.
+_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
 
 @dataclass
@@ -27,13 +32,23 @@ class Fleet:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        """Start ``edgeskill ARGS`` as a child named ``name``, logging to a file."""
+        """Start ``edgeskill ARGS`` as a child named ``name``, logging to a file.
+
+        Raises:
+            OSError: the child could not be started.
+        """
+        return self.spawn(name, [sys.executable, "-m", "edgeskill.cli", *args])
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start any program (``argv[0]``, a path) as a child named ``name``, logging to a file.
+
+        Raises:
+            OSError: the program could not be started.
+        """
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{name}.log").open("ab") as log:
             env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "edgeskill.cli", *args], stdout=log, stderr=log, env=env
-            )
+            proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
         self.procs[name] = proc
         return proc
 
@@ -52,6 +67,11 @@ class Fleet:
         """Stop every child."""
         for name in list(self.procs):
             self.stop(name)
+
+
+def find_program(name: str) -> str | None:
+    """The path of the program ``name``: on PATH, or in the usual sbin folders."""
+    return shutil.which(name) or shutil.which(name, path=os.pathsep.join(_SBIN))
 
 
 def free_port() -> int:

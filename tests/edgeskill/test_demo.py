@@ -1,7 +1,13 @@
-"""`edgeskill demo` runs end to end: hub and three agent processes, deploy to cameras only."""
+"""`edgeskill demo` runs end to end: hub and three agent processes, deploy to cameras only.
+
+Both transports run authenticated: every agent enrols with a claim token; over
+MQTT through the demo's own TLS broker, which names each client by its
+certificate and is gone once the demo ends.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -41,3 +47,21 @@ def test_demo_runs_end_to_end(tmp_path: Path, transport: str) -> None:
     # One bundle, two variants: each camera runs the one its board prefers.
     assert "onnx-cpu/fp32" in rows["cam-1"]
     assert "onnx-cpu/int8" in rows["cam-2"]
+    _check_authenticated(tmp_path, result.stdout, transport)
+
+
+def _check_authenticated(work: Path, stdout: str, transport: str) -> None:
+    logs = {p.stem: p.read_text() for p in (work / "logs").glob("*.log")}
+    assert set(logs) == {"hub", "cam-1", "cam-2", "gw-1"} | (
+        {"broker"} if transport == "mqtt" else set()
+    )
+    for device in ("cam-1", "cam-2", "gw-1"):
+        assert f"enrolled as {device};" in logs[device]
+    assert not [name for name, text in logs.items() if "INSECURE" in text]
+    if transport != "mqtt":
+        return
+    for user in ("hub", "cam-1", "cam-2", "gw-1"):  # the broker's user name is the certificate's CN
+        assert f"u'{user}')" in logs["broker"], user
+    pid = int(re.search(r"Mosquitto \(pid (\d+)\)", stdout).group(1))  # type: ignore[union-attr]
+    with pytest.raises(ProcessLookupError):  # stopped with the demo
+        os.kill(pid, 0)

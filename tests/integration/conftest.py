@@ -1,17 +1,24 @@
 """A real hub process and real agent processes on loopback, for end-to-end tests.
 
-The ``cluster`` fixture runs every test twice: agents talking gRPC to the hub,
-authenticated (mutual TLS; each agent enrols with a claim token on its first
-start), and agents talking MQTT 5 through the system broker (127.0.0.1:1883)
-under a topic prefix of their own, which is wiped of retained messages
-afterwards. The system broker has no TLS, so MQTT agents run with an explicit
-``--insecure`` until the suite's own TLS broker is used here.
+The ``cluster`` fixture runs every test twice, authenticated both times: each
+agent enrols on its first start with a claim token for its labels, over the
+hub's gRPC enrolment port (server TLS, the token authenticates), and then
+
+- ``grpc``: talks gRPC to the hub with mutual TLS;
+- ``mqtt``: talks MQTT 5 over TLS with its certificate, through a Mosquitto of
+  the test's own that runs the config the project generates (its CA, the
+  hub's revocation list, the per-device ACL; :mod:`tests.support.broker`). The
+  hub serves that broker with its own ``hub`` client certificate.
+
+The broker keeps its data in the test's folder and is stopped (by its pid) when
+the test ends, so nothing retained outlives a test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-import uuid
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from cloud.hub import Hub
-from cloud.mqtt_client import clear_retained
 from cloud.service import FleetService
 from protos.envelope import now_ms
 from tests.support import Fleet, agent_args, free_port, wait_for_port, wait_until
+from tests.support.broker import TlsBroker, tls_broker
 from tests.support.skillkit import LIBRARY, VariantFile, build_skill, train_digits_onnx
 
 BROKEN_SETUP = """
@@ -36,6 +43,10 @@ class DigitsSkill(Skill):
     def process(self, item):
         return {}
 """
+
+#: Options of every agent's MQTT URL: a short keepalive, so a killed agent's Last Will
+#: comes within seconds, and sessions that expire soon after the test.
+MQTT_OPTIONS = "session_expiry=60&keepalive=5"
 
 
 @dataclass(frozen=True)
@@ -72,30 +83,34 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
 
 @dataclass
 class Cluster:
-    """A hub process, its home opened in the test, and agent processes."""
+    """A hub process, its home opened in the test, agent processes and, over MQTT, the broker."""
 
     hub: Hub
     home: Path
     work: Path
     fleet: Fleet
     hub_url: str
+    enroll_url: str
+    broker: TlsBroker | None = None
 
     def start_agent(self, device_id: str, labels: list[str], source: Path | None = None) -> None:
-        """Start an agent; over gRPC it enrols with a claim for ``labels`` on its first start."""
+        """Start an agent; it enrols with a claim for ``labels`` on its first start."""
         root = self.home / "trust" / "metadata" / "root.json"
-        state = self.work / "agents" / device_id
-        args = agent_args(self.hub_url, device_id, labels, state, root, source)
+        args = agent_args(self.hub_url, device_id, labels, self.state(device_id), root, source)
         self.fleet.start(device_id, args + self.identity_args(device_id, labels))
 
+    def state(self, device_id: str) -> Path:
+        """The agent's state folder."""
+        return self.work / "agents" / device_id
+
     def identity_args(self, device_id: str, labels: list[str]) -> list[str]:
-        """Agent arguments for the device's identity: a claim token, or ``--insecure``."""
-        if not self.hub_url.startswith("grpcs://"):
-            return ["--insecure"]
-        if (self.work / "agents" / device_id / "identity" / "device.crt").exists():
+        """Agent arguments for the device's identity: none once enrolled, else a claim token."""
+        if (self.state(device_id) / "identity" / "device.crt").exists():
             return []  # enrolled on an earlier start
         wanted = dict(label.split("=", 1) for label in labels)
         token = self.hub.enroller().create_claim(wanted)
-        return ["--claim-token", token, "--hub-ca", str(self.home / "pki" / "ca.crt")]
+        ca = str(self.home / "pki" / "ca.crt")
+        return ["--claim-token", token, "--hub-ca", ca, "--enroll-url", self.enroll_url]
 
     def deploy(self, version: str, group: str = "cameras") -> None:
         self.hub.store.create_deployment("digits", version, group, now_ms=now_ms())
@@ -131,37 +146,44 @@ class Cluster:
 
     def active_version(self, device_id: str) -> str | None:
         """The version the device's ``current`` pointer names on disk."""
-        current = self.work / "agents" / device_id / "installs" / "skills" / "digits" / "current"
+        current = self.state(device_id) / "installs" / "skills" / "digits" / "current"
         return current.resolve().name if current.exists() else None
 
 
-SYSTEM_BROKER = "127.0.0.1:1883"
+def free_port_pair() -> int:
+    """A loopback port that is free together with the next one (gRPC and enrolment).
 
-
-def mqtt_test_url(broker: str = SYSTEM_BROKER, keepalive: int = 5) -> str:
-    """A broker URL under a fresh topic prefix, with sessions that expire soon after the test."""
-    return (
-        f"mqtt://{broker}/es-test/{uuid.uuid4().hex[:12]}?session_expiry=60&keepalive={keepalive}"
-    )
+    Raises:
+        OSError: no such pair was found.
+    """
+    for _ in range(50):
+        port = free_port()
+        with contextlib.suppress(OSError), socket.socket() as sock:
+            sock.bind(("127.0.0.1", port + 1))
+            return port
+    raise OSError("no two adjacent free ports on the loopback interface")
 
 
 @pytest.fixture(params=["grpc", "mqtt"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path, bundles: Bundles) -> Iterator[Cluster]:
-    port = free_port()
-    mqtt_url = mqtt_test_url() if request.param == "mqtt" else ""
-    hub = Hub.init(tmp_path / "hub", grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url)
+    port = free_port_pair()  # the hub enrols on the gRPC port plus one
+    home = tmp_path / "hub"
+    hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}")
     for bundle in (bundles.v1, bundles.v2, bundles.v3, bundles.broken):
         FleetService(hub).skills.publish(bundle)
     hub.store.create_group("cameras", "kind=camera")
     fleet = Fleet(tmp_path / "logs")
-    fleet.start("hub", ["hub", "serve", "--home", str(tmp_path / "hub")])
-    try:
+    serve = ["hub", "serve", "--home", str(home)]
+    enroll_url = f"grpcs://{hub.config.enroll_bind}"
+    with contextlib.ExitStack() as stack:
+        stack.callback(hub.close)
+        broker = None
+        hub_url = f"grpcs://127.0.0.1:{port}"
+        if request.param == "mqtt":
+            broker = stack.enter_context(tls_broker(home, tmp_path / "broker"))
+            serve += ["--mqtt", broker.hub_url(MQTT_OPTIONS)]
+            hub_url = f"mqtts://127.0.0.1:{broker.port}/{broker.prefix}?{MQTT_OPTIONS}"
+        stack.callback(fleet.stop_all)  # before the broker stops: clients go first
+        fleet.start("hub", serve)
         wait_for_port(port)  # the hub subscribes on the broker before it opens this port
-        yield Cluster(
-            hub, tmp_path / "hub", tmp_path, fleet, mqtt_url or f"grpcs://127.0.0.1:{port}"
-        )
-    finally:
-        fleet.stop_all()
-        hub.close()
-        if mqtt_url:
-            clear_retained(mqtt_url)
+        yield Cluster(hub, home, tmp_path, fleet, hub_url, enroll_url, broker)

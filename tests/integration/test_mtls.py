@@ -149,7 +149,7 @@ def test_missing_or_mismatched_tls_files_fail_before_connecting(tmp_path: Path) 
         open_transport("grpcs://127.0.0.1:9", "cam-1", ca=missing)
     with pytest.raises(TransportError, match="both --cert and --key"):
         open_transport("grpcs://127.0.0.1:9", "cam-1", cert=missing)
-    with pytest.raises(TransportError, match="grpcs:// hubs only"):
+    with pytest.raises(TransportError, match="apply to grpcs:// and mqtts:// hubs only"):
         open_transport("grpc://127.0.0.1:9", "cam-1", ca=missing)
 
 

@@ -10,7 +10,6 @@ the hub's CA and a certificate: :meth:`TlsBroker.hub_url` for the hub, and
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import subprocess
 import uuid
@@ -21,7 +20,7 @@ from urllib.parse import quote, urlencode
 
 from cloud.broker import hub_client_cert, write_broker_config
 from cloud.pki import PKI_DIR, CertificateAuthority, IssuedCert
-from edgeskill.processes import free_port, wait_for_port
+from edgeskill.processes import find_program, free_port, wait_for_port
 
 __all__ = ["TlsBroker", "tls_broker"]
 
@@ -113,7 +112,7 @@ class TlsBroker:
 
 
 def _mosquitto() -> str:
-    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
+    found = find_program("mosquitto")
     if found is None:
         raise FileNotFoundError("mosquitto is not installed")
     return found
@@ -133,6 +132,8 @@ def tls_broker(home: Path, work: Path, prefix: str | None = None) -> Iterator[Tl
     """
     prefix = prefix or f"es-test/{uuid.uuid4().hex[:12]}"
     port = free_port()
+    # run_as stays the default, the user running the tests: it owns the broker's 0600 key
+    # and the private temp folders, which Mosquitto's default as root (user mosquitto) cannot read.
     config = write_broker_config(home, work / "broker", port=port, prefix=prefix)
     broker = TlsBroker(home=home, work=work, port=port, prefix=prefix, config=config)
     broker.start()

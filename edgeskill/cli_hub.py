@@ -1,0 +1,262 @@
+"""``edgeskill hub``: create, serve and secure a hub home, and hand out device identities.
+
+Every command imports the hub only when it runs, so ``edgeskill agent run``
+keeps working on a device where only the ``edge`` extra is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgeskill._common import (
+    DEFAULT_HOME,
+    HomeOpt,
+    MetricsBindOpt,
+    _fleet,
+    _labels,
+    _run_until_signal,
+    _setup_logging,
+    _warn_insecure,
+    console,
+)
+
+app = typer.Typer(help="Run and set up the cloud hub.", no_args_is_help=True)
+claim_app = typer.Typer(
+    help="Claim tokens: how new devices enrol and get a certificate.", no_args_is_help=True
+)
+app.add_typer(claim_app, name="claim")
+
+TlsCertOpt = Annotated[
+    Path | None, typer.Option(help="The hub's TLS certificate (PEM); turns on mTLS for gRPC.")
+]
+TlsKeyOpt = Annotated[Path | None, typer.Option(help="The hub certificate's private key (PEM).")]
+ClientCaOpt = Annotated[
+    Path | None, typer.Option(help="CA (PEM) that signs device client certificates.")
+]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="DANGEROUS: plain gRPC with no device identities. Closed test networks only.",
+    ),
+]
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _ttl_seconds(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``1d`` in seconds."""
+    unit = text[-1:] if text[-1:] in _TTL_UNITS else "s"
+    number = text[:-1] if text[-1:] in _TTL_UNITS else text
+    try:
+        return float(number) * _TTL_UNITS[unit]
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 1d, 12h, 30m") from exc
+
+
+def _open_hub(home: Path) -> Any:
+    """Open the hub home (for ``hub serve``); a missing hub ends with a hint and exit status 2."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.hub import Hub  # noqa: PLC0415
+
+    try:
+        return Hub.open(home)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        raise typer.Exit(2) from exc
+
+
+@contextlib.contextmanager
+def _hub(home: Path) -> Iterator[Any]:
+    """Open the hub home to serve it; its errors become a message and exit status 2."""
+    from cloud.errors import HubError, TransportError  # noqa: PLC0415
+    from skills.errors import SkillError  # noqa: PLC0415
+
+    hub = _open_hub(home)
+    try:
+        yield hub
+    except (HubError, SkillError, TransportError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        hub.close()
+
+
+@app.command("init")
+def hub_init(
+    home: HomeOpt = DEFAULT_HOME,
+    store_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL; default SQLite in the home.")
+    ] = None,
+    grpc_bind: Annotated[
+        str, typer.Option(help="Address the gRPC server listens on.")
+    ] = "127.0.0.1:7443",
+    mqtt: Annotated[
+        str,
+        typer.Option(help="Also serve devices through this broker: mqtt://HOST:1883/PREFIX."),
+    ] = "",
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    client_ca: ClientCaOpt = None,
+    enroll_bind: Annotated[
+        str, typer.Option(help="Where devices enrol (server TLS); default the gRPC port + 1.")
+    ] = "",
+    server_name: Annotated[
+        list[str] | None,
+        typer.Option(help="Another DNS name or address for the hub's certificate; repeat."),
+    ] = None,
+    root_key: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="An offline TUF root key (from `trust generate-root-keys`); repeat. "
+            "Without: the root key is kept online (move it offline, see SECURITY.md)."
+        ),
+    ] = None,
+    root_threshold: Annotated[int, typer.Option(help="Root keys needed to sign a root.")] = 1,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Create a hub home: signing keys (mode 0600), TUF metadata, the store and its CA.
+
+    The CA, the hub's certificate, its MQTT client certificate and an empty CRL
+    go in HOME/pki; gRPC then serves mutual TLS and devices enrol with claim tokens.
+    """
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.hub import Hub  # noqa: PLC0415
+
+    if insecure:
+        _warn_insecure()
+    try:
+        tls = _tls_files(tls_cert, tls_key, client_ca)
+        hub = Hub.init(
+            home,
+            store_url,
+            grpc_bind,
+            mqtt,
+            tls,
+            insecure=insecure,
+            enroll_bind=enroll_bind,
+            server_names=tuple(server_name or ()),
+            root_keys=tuple(root_key or ()),
+            root_threshold=root_threshold,
+        )
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    hub.close()
+    console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
+    if not root_key:
+        console.print(
+            "[yellow]note:[/] the TUF root key is online in the hub home; move it offline "
+            "with `edgeskill trust rotate-root` (SECURITY.md, key ceremony)"
+        )
+    if not insecure:
+        console.print(
+            f"devices enrol at grpcs://{hub.config.enroll_bind} and trust the CA "
+            f"{home / 'pki' / 'ca.crt'}; make a token with `edgeskill hub claim create`"
+        )
+
+
+@app.command("serve")
+def hub_serve(
+    home: HomeOpt = DEFAULT_HOME,
+    grpc_bind: Annotated[
+        str | None, typer.Option(help="Override the configured gRPC address.")
+    ] = None,
+    mqtt: Annotated[
+        str | None,
+        typer.Option(help="Override the configured broker: mqtt://HOST:1883/PREFIX ('' for none)."),
+    ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    client_ca: ClientCaOpt = None,
+    metrics_bind: MetricsBindOpt = None,
+    insecure: InsecureOpt = False,
+    verbose: bool = False,
+) -> None:
+    """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted.
+
+    gRPC speaks mutual TLS with the files `hub init` made, unless --insecure.
+    """
+    _setup_logging(verbose)
+    with _hub(home) as hub:
+        if insecure or hub.config.insecure:
+            _warn_insecure()
+        tls = _tls_files(tls_cert, tls_key, client_ca)
+        _run_until_signal(
+            lambda stop: hub.serve(
+                stop, grpc_bind, mqtt, tls, metrics_bind, insecure=insecure or None
+            )
+        )
+
+
+def _tls_files(cert: Path | None, key: Path | None, ca: Path | None) -> Any:
+    """The three TLS options as one ``TlsFiles``, with paths taken from the working folder.
+
+    Raises:
+        ValidationError: only some of the three are given.
+    """
+    from cloud.hub import tls_files  # noqa: PLC0415
+
+    return tls_files(*(p.resolve() if p is not None else None for p in (cert, key, ca)))
+
+
+@app.command("issue-cert")
+def hub_issue_cert(
+    device_id: Annotated[str, typer.Argument(help="The device the certificate names (its CN).")],
+    out: Annotated[Path, typer.Option(help="Folder for DEVICE_ID.crt/.key and ca.crt.")] = Path(
+        "certs"
+    ),
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Issue a device's mTLS client certificate from the hub's CA (made in HOME/pki once)."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.pki import issue_device_credentials  # noqa: PLC0415
+
+    try:
+        creds = issue_device_credentials(home, device_id, out)
+    except HubError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"issued {creds.client.cert} and {creds.client.key} (CN={device_id})")
+    console.print(
+        f"hub: edgeskill hub serve --tls-cert {creds.server.cert} --tls-key {creds.server.key} "
+        f"--client-ca {home / 'pki' / 'ca.crt'}"
+    )
+    console.print(
+        f"device: edgeskill agent run --hub grpcs://HOST:PORT --ca {creds.ca} "
+        f"--cert {creds.client.cert} --key {creds.client.key} ..."
+    )
+
+
+@claim_app.command("create")
+def claim_create(
+    label: Annotated[
+        list[str] | None, typer.Option(help="A label k=v the enrolled device gets; repeat.")
+    ] = None,
+    uses: Annotated[int, typer.Option(help="How many devices may enrol with it.")] = 1,
+    ttl: Annotated[str, typer.Option(help="How long it is valid: 90s, 30m, 12h, 1d.")] = "1d",
+    reenroll: Annotated[
+        bool, typer.Option(help="It may give an enrolled device a new key (a replaced board).")
+    ] = False,
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Make a claim token and print it; it is shown once (the hub keeps only its hash)."""
+    labels = _labels(label)
+    with _fleet(home) as fleet:
+        token = fleet.identity.create_claim(labels, uses, _ttl_seconds(ttl), reenroll=reenroll)
+    console.print(token, soft_wrap=True)
+
+
+@app.command("revoke")
+def hub_revoke(
+    device_id: Annotated[str, typer.Argument(help="The device whose certificate to revoke.")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Revoke a device's certificate; the hub and the broker refuse it from now on."""
+    with _fleet(home) as fleet:
+        crl = fleet.identity.revoke(device_id)
+    console.print(f"revoked {device_id}; CRL written to {crl}")
