@@ -24,6 +24,7 @@ from edge_agent.errors import HealthCheckError
 from edge_agent.sandbox.confine import UNCONFINED_WARNING, Confinement, prepare_work_dir
 from edge_agent.sandbox.policy import OwnerLimits
 from edge_agent.sandbox.process import SkillProcess
+from edge_agent.sandbox.reaper import kill_user
 from edge_agent.sandbox.users import SkillUsers
 from skills.manifest import Manifest
 
@@ -92,6 +93,8 @@ def make_launcher(
         confinement = None
         if confined:
             uid = users.uid_for(manifest.name)
+            if kill_user(uid):  # leftovers of a crashed run must not count against its limits
+                raise HealthCheckError(f"old processes of {manifest.name} cannot be killed")
             work = prepare_work_dir(state / "sandbox" / manifest.name, uid)
             confinement = Confinement(uid, work, (state,), clamped.network)
         proc = SkillProcess(

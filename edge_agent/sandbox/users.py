@@ -1,11 +1,13 @@
 """A user id of its own for each skill, without entries in ``/etc/passwd``.
 
 Where the agent runs as root, each skill's control code runs as a user and
-group id from a fixed range, derived stably from the skill's name (every
-version of a skill shares it, so its working folder stays its own). A
-derived id already taken by another skill, or by an account of the system,
-is skipped for the next free one; the choice is kept in a small JSON file in
-the agent's state folder so it survives restarts.
+group id from a fixed range, derived stably from the agent's state folder and
+the skill's name (every version of a skill shares it, so its working folder
+stays its own; two agents on one machine, as in the demo, get different ids
+for the same skill, so stopping one's skill never touches the other's). A
+derived id already taken by another skill, by an account of the system, or by
+any running process is skipped for the next free one; the choice is kept in a
+small JSON file in the agent's state folder so it survives restarts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 from pathlib import Path
 
 from edge_agent.errors import SandboxError
+from edge_agent.sandbox.reaper import processes_of
 
 __all__ = ["SkillUsers"]
 
@@ -52,10 +55,11 @@ class SkillUsers:
             if name in known:
                 return known[name]
             taken = set(known.values())
-            start = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+            seed = f"{self._path.resolve()}\0{name}".encode()
+            start = int.from_bytes(hashlib.sha256(seed).digest()[:8], "big")
             for step in range(self._count):
                 uid = self._base + (start + step) % self._count
-                if uid not in taken and not _system_id(uid):
+                if uid not in taken and not _system_id(uid) and not processes_of(uid):
                     known[name] = uid
                     self._save(known)
                     return uid
