@@ -30,6 +30,7 @@ from urllib.parse import quote, urlencode
 
 from cloud.errors import HubError
 from cloud.pki import DEFAULT_SERVER_NAMES, PKI_DIR, CertificateAuthority, IssuedCert, init_hub_pki
+from protos.atomic import write_atomic
 from protos.errors import ProtocolError
 from protos.topics import DEFAULT_PREFIX, Topics
 
@@ -163,8 +164,8 @@ def _write(
             raise HubError(f"Mosquitto cannot read a path with spaces or quotes: {path}")
     try:
         data.mkdir(mode=0o700, exist_ok=True)
-        _write_file(files.acl, acl.encode())
-        _write_file(files.config, _config_text(files, port, bind, data, user).encode())
+        write_atomic(files.acl, acl.encode())
+        write_atomic(files.config, _config_text(files, port, bind, data, user).encode())
     except OSError as exc:
         raise HubError(f"cannot write the broker config in {out_dir}: {exc}") from exc
     return files
@@ -274,16 +275,3 @@ def hub_mqtt_url(home: Path, host: str, port: int, prefix: str = DEFAULT_PREFIX)
         quote_via=quote,
     )
     return f"mqtts://{host}:{port}/{prefix}?{query}"
-
-
-def _write_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloud.errors import HubError, TransportError, ValidationError
+from protos.atomic import write_atomic
 from protos.pem import read_pem
 
 __all__ = [
@@ -360,22 +360,3 @@ def _write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         serialization.NoEncryption(),
     )
     write_atomic(path, pem, 0o600)
-
-
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, created with ``mode``.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
-    # The mode is set at creation, so a key is never readable by others, even briefly.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -29,6 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from edge_agent.errors import AgentError
 from protos import pb
+from protos.atomic import write_atomic
 
 __all__ = [
     "IDENTITY_DIR",
@@ -204,9 +204,9 @@ def _keep(
     if [n.value for n in names] != [device_id] or cert.public_key() != key.public_key():
         raise AgentError("the hub's certificate is not for this device's key and name")
     try:
-        _write(identity.ca, ca_pem, 0o644)
-        _write(identity.director, answer.director_public_pem, 0o644)
-        _write(identity.cert, answer.certificate_pem, 0o644)
+        write_atomic(identity.ca, ca_pem, 0o644)
+        write_atomic(identity.director, answer.director_public_pem, 0o644)
+        write_atomic(identity.cert, answer.certificate_pem, 0o644)
     except OSError as exc:
         raise AgentError(f"cannot write the identity in {identity.folder}: {exc}") from exc
 
@@ -226,7 +226,7 @@ def _load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     )
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write(path, pem, 0o600)
+        write_atomic(path, pem, 0o600)
     except OSError as exc:
         raise AgentError(f"cannot write the device key {path}: {exc}") from exc
     return key
@@ -251,20 +251,3 @@ def _read(path: Path) -> bytes:
     if len(data) > MAX_PEM_BYTES:
         raise AgentError(f"{path} is larger than {MAX_PEM_BYTES} bytes")
     return data
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    # Created with its final mode, then renamed over: a key is never readable by others,
-    # and a crash leaves the old file or the new one.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

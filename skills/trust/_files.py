@@ -10,35 +10,20 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from protos.atomic import TMP_PREFIX, write_atomic
 from skills.errors import TrustError
 
 _CHUNK = 1024 * 1024
-TMP_PREFIX = ".tmp-"
 STAGE_PREFIX = ".stage-"
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half.
 
-    Args:
-        path: The file to replace.
-        data: Its new content.
-        mode: Permission bits of the new file.
-
     Raises:
         OSError: The folder cannot be written.
     """
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        Path(name).replace(path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data, mode)
 
 
 @contextlib.contextmanager

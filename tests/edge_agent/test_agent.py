@@ -20,25 +20,15 @@ from edge_agent.config import AgentConfig
 from edge_agent.errors import TransportError
 from edge_agent.installs import InstallStore
 from edge_agent.outbox import Outbox
-from edge_agent.profile import DeviceProfile
 from edge_agent.sandbox.launcher import SkillLauncher, make_launcher
 from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource
 from protos import decode_envelope, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from skills.trust.director import DirectorKey, Instruction
-from tests.fakes.fake_launcher import FakeLauncher
+from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
 from tests.support.skillkit import build_skill
-
-PROFILE = DeviceProfile(
-    arch="x86_64",
-    accelerator="none",
-    board="test",
-    targets=("onnx-cpu",),
-    cpu_count=1,
-    memory_bytes=1 << 30,
-)
 
 EMITTER_TOML = """
 [skill]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.errors import HealthCheckError
+from edge_agent.profile import DeviceProfile
 from skills.manifest import Manifest
 
 
@@ -69,3 +70,14 @@ class FakeLauncher:
         with self._lock:  # launchers are called from worker threads
             self.launched.append(proc)
         return proc
+
+
+#: A device profile for agents run with the fake launcher (any ONNX CPU device).
+PROFILE = DeviceProfile(
+    arch="x86_64",
+    accelerator="none",
+    board="test",
+    targets=("onnx-cpu",),
+    cpu_count=1,
+    memory_bytes=1 << 30,
+)

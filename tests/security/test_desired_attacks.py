@@ -30,25 +30,16 @@ from cloud.mqtt_server import start_mqtt_server
 from cloud.service import FleetService
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig
-from edge_agent.profile import DeviceProfile
 from edge_agent.transport import open_transport
 from edge_agent.wiring import build_agent
 from protos import decode_envelope, make_envelope, pb
 from protos.envelope import now_ms
 from protos.topics import MqttEndpoint
 from skills.trust.director import DirectorKey, Instruction
-from tests.fakes.fake_launcher import FakeLauncher
+from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
 from tests.support.skillkit import build_skill
 
-PROFILE = DeviceProfile(
-    arch="x86_64",
-    accelerator="none",
-    board="test",
-    targets=("onnx-cpu",),
-    cpu_count=1,
-    memory_bytes=1 << 30,
-)
 SKILL_TOML = """
 [skill]
 name = "guard"

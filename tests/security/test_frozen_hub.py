@@ -19,19 +19,9 @@ from cloud.grpc_server import start_grpc_server
 from cloud.hub import Hub
 from cloud.hubcore import HubCore, running
 from edge_agent.config import AgentConfig
-from edge_agent.profile import DeviceProfile
 from edge_agent.wiring import build_agent
-from tests.fakes.fake_launcher import FakeLauncher
+from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
-
-PROFILE = DeviceProfile(
-    arch="x86_64",
-    accelerator="none",
-    board="test",
-    targets=("onnx-cpu",),
-    cpu_count=1,
-    memory_bytes=1 << 30,
-)
 
 
 def _freeze(home: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata
 
-from skills.errors import FetchError, TrustError
+from skills.errors import TrustError
 from skills.trust import TrustClient, TrustRepository
 from skills.trust.ceremony import (
     generate_root_keys,
@@ -22,16 +22,7 @@ from skills.trust.ceremony import (
     rotate_online_key,
     rotate_root_keys,
 )
-
-
-def _fetch(repo: TrustRepository):  # type: ignore[no-untyped-def]
-    def fetch(path: str, cap: int) -> bytes:
-        try:
-            return repo.read(path, cap)
-        except TrustError as exc:
-            raise FetchError(str(exc)) from exc
-
-    return fetch
+from tests.fakes.hub_fetch import HubFetch
 
 
 def _push(tmp_path: Path, repo: TrustRepository, name: str, data: bytes) -> None:
@@ -61,7 +52,7 @@ def test_an_offline_root_is_not_kept_by_the_hub(
     assert set(root.roles["root"].keyids) == {k.public_key.keyid for k in keys}
     assert repo.online_root_signer() is None
     _push(tmp_path, repo, "a/a-1.skill", b"one")
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     assert agent.fetch_target("a/a-1.skill").read_bytes() == b"one"
 
 
@@ -69,7 +60,7 @@ def test_renewing_the_root_needs_the_threshold_and_devices_follow(
     tmp_path: Path, offline: tuple[TrustRepository, list[CryptoSigner]]
 ) -> None:
     repo, keys = offline
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     before = repo.metadata("root").signed.expires
 
     with pytest.raises(TrustError, match="threshold is not met"):
@@ -89,7 +80,7 @@ def test_a_device_walks_through_a_root_key_rotation(
     tmp_path: Path, offline: tuple[TrustRepository, list[CryptoSigner]]
 ) -> None:
     repo, old_keys = offline
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     _push(tmp_path, repo, "a/a-1.skill", b"one")
     assert agent.fetch_target("a/a-1.skill").read_bytes() == b"one"
 
@@ -107,7 +98,7 @@ def test_a_device_walks_through_a_root_key_rotation(
 
 def test_rotating_the_online_root_away_retires_its_key_file(tmp_path: Path) -> None:
     repo = TrustRepository.init(tmp_path / "hub")
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     online = repo.online_root_signer()
     assert online is not None
     new_keys = load_signers(generate_root_keys(tmp_path / "offline", 3))
@@ -126,7 +117,7 @@ def test_a_rotated_targets_key_is_followed_and_the_old_one_refused(
 ) -> None:
     repo, keys = offline
     hub = tmp_path / "hub"
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     _push(tmp_path, repo, "a/a-1.skill", b"one")
     agent.fetch_target("a/a-1.skill")
     old_targets_key = (hub / "keys" / "targets.pem").read_bytes()
@@ -146,7 +137,7 @@ def test_a_root_with_one_signature_duplicated_does_not_reach_the_threshold(
     tmp_path: Path, offline: tuple[TrustRepository, list[CryptoSigner]]
 ) -> None:
     repo, keys = offline
-    agent = TrustClient(tmp_path / "agent", _fetch(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     # An attacker holding one root key signs root v2 (giving itself a new targets key)
     # and repeats its signature to fake the 2-of-3 threshold.
     forged: Metadata = repo.metadata("root")  # type: ignore[type-arg]

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from skills.errors import FetchError, TrustError
+from skills.errors import TrustError
 from skills.trust import TrustClient, TrustRepository
+from tests.fakes.hub_fetch import HubFetch
 
 NAME = "digits/digits-1.0.0.skill"
 
@@ -55,16 +56,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _fetch_from(repo: TrustRepository):  # type: ignore[no-untyped-def]
-    def fetch(path: str, cap: int) -> bytes:
-        try:
-            return repo.read(path, cap)
-        except TrustError as exc:
-            raise FetchError(str(exc)) from exc
-
-    return fetch
-
-
 def _push_and_die(repo_dir: Path, source: Path, kill_at: str, marker: Path) -> int:
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(repo_dir), str(source), NAME, kill_at, str(marker)],
@@ -97,7 +88,7 @@ def test_a_push_killed_at_each_step_is_completed_by_the_next_push(
 
     # Right after the kill an agent sees a consistent repository: until the timestamp
     # is written it is the old state (no such target), afterwards the new one.
-    agent = TrustClient(tmp_path / "agent", _fetch_from(repo), root)
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), root)
     if kill_at == "timestamp.json":
         assert agent.fetch_target(NAME).read_bytes() == source.read_bytes()
     else:
@@ -107,7 +98,7 @@ def test_a_push_killed_at_each_step_is_completed_by_the_next_push(
     # Pushing the same bundle again completes the publication and cleans up.
     ref = repo.add_target(NAME, source)
     assert ref.length == source.stat().st_size
-    fresh = TrustClient(tmp_path / "agent-2", _fetch_from(repo), root)
+    fresh = TrustClient(tmp_path / "agent-2", HubFetch(repo), root)
     assert fresh.fetch_target(NAME).read_bytes() == source.read_bytes()
     assert agent.fetch_target(NAME).read_bytes() == source.read_bytes()
     assert _leftovers(repo_dir) == []
@@ -127,7 +118,7 @@ def test_repair_completes_a_half_written_publication_without_a_new_push(tmp_path
 
     assert any("completed the publication of targets v2" in line for line in done)
     assert any(".tmp-abc" in line for line in done)
-    agent = TrustClient(tmp_path / "agent", _fetch_from(repo), repo.root_json())
+    agent = TrustClient(tmp_path / "agent", HubFetch(repo), repo.root_json())
     assert agent.fetch_target(NAME).read_bytes() == source.read_bytes()
 
 

@@ -21,29 +21,9 @@ from tuf.api.metadata import Metadata, MetaFile, TargetFile
 import skills.trust.client as client_module
 from skills.errors import FetchError, TrustError
 from skills.trust import TrustClient, TrustLimits, TrustRepository
+from tests.fakes.hub_fetch import HubFetch
 
 NAME = "digits/digits-1.0.0.skill"
-
-
-class HubFetch:
-    """The agent's view of the hub: reads the repository, records every path asked for."""
-
-    def __init__(self, repo: TrustRepository) -> None:
-        self.repo = repo
-        self.calls: list[str] = []
-        self.override: dict[str, bytes] = {}
-
-    def __call__(self, path: str, cap: int) -> bytes:
-        self.calls.append(path)
-        if path in self.override:
-            return self.override[path]
-        try:
-            return self.repo.read(path, cap)
-        except TrustError as exc:
-            raise FetchError(str(exc)) from exc
-
-    def target_calls(self) -> list[str]:
-        return [c for c in self.calls if c.startswith("targets/")]
 
 
 def _hub(tmp_path: Path) -> TrustRepository:

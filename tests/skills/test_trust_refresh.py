@@ -11,19 +11,14 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata
 
-from skills.errors import FetchError, TrustError
+from skills.errors import TrustError
 from skills.trust import TrustClient, TrustRepository
+from tests.fakes.hub_fetch import HubFetch
 
 
 def _client(tmp_path: Path, repo: TrustRepository, override: dict[str, bytes]) -> TrustClient:
-    def fetch(path: str, cap: int) -> bytes:
-        if path in override:
-            return override[path]
-        try:
-            return repo.read(path, cap)
-        except TrustError as exc:
-            raise FetchError(str(exc)) from exc
-
+    fetch = HubFetch(repo)
+    fetch.override = override
     return TrustClient(tmp_path / "agent", fetch, repo.root_json())
 
 
