@@ -136,6 +136,7 @@ class _View:
         self._hide = hide
         self._covered: dict[str, int] = {}  # folder -> O_PATH fd of the original
         self._shown: set[str] = set()
+        self._reached: set[str] = set()  # targets shown whole
 
     def cover(self, folder: str) -> None:
         if folder in self._covered:
@@ -145,17 +146,25 @@ class _View:
         _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={mode},size=64m")
 
     def reach(self, target: str) -> None:
-        """Make ``target`` reachable, covering every folder above it that hides or blocks."""
+        """Make ``target`` reachable, covering every folder above it that hides or blocks.
+
+        Reach shallow targets first: a folder reached earlier is shown whole, so a
+        deeper target under it (site-packages under a virtual environment that lives
+        below a hidden ``/tmp``) must not cover it again.
+        """
         parts = Path(target).parts
         below_hidden = False  # under a hidden folder only the path itself is shown
         for depth in range(1, len(parts)):
             folder = str(Path(*parts[:depth]))
             child = str(Path(folder, parts[depth]))
-            below_hidden = below_hidden or folder in self._hide
-            if folder not in self._covered and (below_hidden or not _passable(folder, self._uid)):
+            whole = folder in self._reached
+            below_hidden = (below_hidden and not whole) or folder in self._hide
+            blocked = below_hidden or not _passable(folder, self._uid)
+            if folder not in self._covered and not whole and blocked:
                 self.cover(folder)
             if folder in self._covered and child not in self._shown:
                 self._show(folder, parts[depth])
+        self._reached.add(target)
 
     def _show(self, folder: str, name: str) -> None:
         source = f"/proc/self/fd/{self._covered[folder]}/{name}"
@@ -179,7 +188,8 @@ def _confine(spec: JailSpec) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     hide = {str(Path(h).resolve()) for h in spec.hide}
     view = _View(spec.uid, hide)
-    for target in (spec.skill_dir, spec.work_dir, *spec.reveal):
+    targets = {str(Path(t)) for t in (spec.skill_dir, spec.work_dir, *spec.reveal)}
+    for target in sorted(targets, key=lambda t: (len(Path(t).parts), t)):
         view.reach(target)
     for folder in sorted(hide):
         if Path(folder).is_dir():
