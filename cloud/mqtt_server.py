@@ -29,7 +29,7 @@ from cloud.mqtt_fetch import FetchReply, requested_window
 from cloud.session import DropReason
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
-from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW
+from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW, FetchErrorCode
 from protos.topics import DESIRED_KINDS, STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint, TopicRef
 
 __all__ = ["MqttHubServer", "MqttServerSettings", "start_mqtt_server"]
@@ -185,7 +185,17 @@ class MqttHubServer:
 
     def _start_fetch(self, ref: TopicRef, msg: Incoming) -> None:
         if self._fetch_slots.locked():
-            self.core.drop(DropReason.FETCH_BUSY, ref.device_id)  # asked again after a timeout
+            # Say so, rather than let the device wait out its stall bound: it asks again soon.
+            self.core.drop(DropReason.FETCH_BUSY, ref.device_id)
+            corr, topic = msg.correlation, msg.response_topic
+            if (
+                corr
+                and len(corr) <= MAX_CORRELATION_BYTES
+                and topic == self.topics.down(ref.device_id, "fetch")
+            ):
+                FetchReply(self._publish_reply, topic, corr).error(
+                    FetchErrorCode.BUSY, "the hub is serving too many fetches; ask again"
+                )
             return
         task = asyncio.create_task(self._fetch(ref.device_id, msg))
         self._fetch_tasks.add(task)

@@ -31,6 +31,8 @@ class FetchErrorCode(StrEnum):
     REFUSED = "refused"
     #: The device has not registered; it may ask again once it has.
     UNKNOWN_DEVICE = "unknown-device"
+    #: The hub serves as many fetches as it allows; ask again in a moment.
+    BUSY = "busy"
 
     @property
     def final(self) -> bool:
@@ -44,6 +46,7 @@ GRPC_STATUS_NAMES: dict[FetchErrorCode, str] = {
     FetchErrorCode.TOO_LARGE: "RESOURCE_EXHAUSTED",
     FetchErrorCode.REFUSED: "INVALID_ARGUMENT",
     FetchErrorCode.UNKNOWN_DEVICE: "FAILED_PRECONDITION",
+    FetchErrorCode.BUSY: "UNAVAILABLE",
 }
 
 #: Longest MQTT 5 correlation data of a fetch request.

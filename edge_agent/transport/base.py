@@ -8,6 +8,7 @@ python-tuf's ``FetcherInterface`` wraps ``_fetch``.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -39,6 +40,10 @@ class FetchLimits:
 
 class FetchAborted(TransportError):
     """A fetch broke a cap (size, rate); resuming would not help."""
+
+
+class FetchBusy(TransportError):
+    """The hub is serving as many fetches as it allows; asking again soon will do."""
 
 
 class AgentTransport(ABC):
@@ -117,6 +122,8 @@ class AgentTransport(ABC):
                 ) from exc
             except FetchAborted:
                 raise
+            except FetchBusy:  # not a failure: wait a moment (jittered, so askers spread out)
+                await asyncio.sleep(random.uniform(0.2, 1.0))
             except TransportError:
                 failures += 1
                 if failures > limits.max_resumes:

@@ -13,7 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge_agent.errors import TransportError
-from edge_agent.transport.base import FetchAborted
+from edge_agent.transport.base import FetchAborted, FetchBusy
 from protos import pb
 from protos.fetch import WINDOW_PROPERTY, FetchErrorCode
 from protos.topics import ERROR_CONTENT_TYPE, Topics
@@ -82,6 +82,8 @@ def _refusal(path: str, payload: bytes) -> Exception:
         err.ParseFromString(payload)
     if err.code == FetchErrorCode.NOT_FOUND:
         return FileNotFoundError(path)
+    if err.code == FetchErrorCode.BUSY:
+        return FetchBusy(f"the hub is busy; {path} is asked for again")
     if err.code in _FINAL_CODES:  # asking again would get the same answer
         return FetchAborted(f"the hub refused {path}: {err.message[:500]}")
     return TransportError(f"the hub refused the fetch of {path}: {err.code} {err.message[:500]}")

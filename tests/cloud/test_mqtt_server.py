@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -297,5 +298,23 @@ def test_fetch_serves_signed_files_in_chunks(hub: Hub, url: str, tmp_path: Path)
                 await cam.fetch("targets/blobs/nothing.bin", 1 << 20)
             with pytest.raises(TransportError, match="refused"):
                 await cam.fetch("targets/../hub.db", 1 << 20)
+
+    asyncio.run(main())
+
+
+def test_a_fetch_beyond_the_hubs_limit_is_told_busy_and_completes_when_a_slot_frees(
+    hub: Hub, url: str
+) -> None:
+    async def main() -> None:
+        settings = dataclasses.replace(FAST, max_fetches=1)
+        async with serving(hub, url, settings) as server, device(url, "cam-1") as cam:
+            await next_of(cam, "welcome")
+            await server._fetch_slots.acquire()  # every slot taken by other devices' fetches
+            fetch = asyncio.create_task(cam.fetch("metadata/1.root.json", 1 << 20))
+            await eventually(lambda: server.core.dropped["fetch-busy"] >= 2)
+            assert not fetch.done()  # told "busy" and asking again, not failed
+            server._fetch_slots.release()
+            root = await asyncio.wait_for(fetch, 10)
+            assert b"root" in root
 
     asyncio.run(main())

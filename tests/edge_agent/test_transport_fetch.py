@@ -26,6 +26,13 @@ def test_fetch_resumes_from_where_it_broke() -> None:
     assert t.offsets == [0, 50_176]
 
 
+def test_a_busy_hub_is_asked_again_without_using_up_the_resumes() -> None:
+    busy = FetchLimits().max_resumes + 2  # more "busy" answers than broken transfers allowed
+    t = ScriptedTransport(DATA, busy=busy)
+    assert asyncio.run(t.fetch("targets/x", 10**6)) == DATA
+    assert t.offsets == [0] * (busy + 1)
+
+
 def test_fetch_refuses_more_than_the_cap() -> None:
     with pytest.raises(FetchAborted, match="cap"):
         asyncio.run(ScriptedTransport(DATA).fetch("targets/x", 100_000))

@@ -6,16 +6,25 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from edge_agent.errors import TransportError
-from edge_agent.transport.base import AgentTransport
+from edge_agent.transport.base import AgentTransport, FetchBusy
 from protos import pb
 
 
 class ScriptedTransport(AgentTransport):
-    """Serves ``data`` in ``chunk``-byte pieces ``delay_s`` apart; fails once at ``fail_after``."""
+    """Serves ``data`` in ``chunk``-byte pieces ``delay_s`` apart; fails once at ``fail_after``.
+
+    The first ``busy`` requests are answered "busy", as a hub with every fetch slot taken does.
+    """
 
     def __init__(
-        self, data: bytes, chunk: int = 1024, delay_s: float = 0.0, fail_after: int | None = None
+        self,
+        data: bytes,
+        chunk: int = 1024,
+        delay_s: float = 0.0,
+        fail_after: int | None = None,
+        busy: int = 0,
     ) -> None:
+        self.busy = busy
         self.data = data
         self.chunk = chunk
         self.delay_s = delay_s
@@ -36,6 +45,9 @@ class ScriptedTransport(AgentTransport):
         if path.endswith("missing"):
             raise FileNotFoundError(path)
         self.offsets.append(offset)
+        if self.busy > 0:
+            self.busy -= 1
+            raise FetchBusy("the hub is busy")
         pos = offset
         while pos < len(self.data):
             if self.fail_after is not None and pos >= self.fail_after:

@@ -39,6 +39,7 @@ def test_every_fetch_code_has_a_grpc_status_and_only_final_ones_are_final() -> N
         "too-large",
         "refused",
         "unknown-device",
+        "busy",
     ]
 
 
