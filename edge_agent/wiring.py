@@ -33,6 +33,7 @@ from edge_agent.installs import InstallStore
 from edge_agent.outbox import Outbox
 from edge_agent.profile import DeviceProfile, detect_profile
 from edge_agent.sandbox.launcher import SkillLauncher, make_launcher
+from edge_agent.state_lock import hold_state_folder
 from edge_agent.transport import open_transport
 from edge_agent.workload import ReplaySource
 from skills.trust import TrustClient
@@ -67,6 +68,20 @@ def transport_factory(config: AgentConfig) -> TransportFactory:
 
 
 async def run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
+    """Run a real agent until ``stop``, holding its state folder for its lifetime.
+
+    See :func:`_run_agent`.
+
+    Raises:
+        AgentError: another agent runs on the state folder, or what
+            :func:`_run_agent` raises.
+        SkillError: no trusted root (see :func:`build_agent`).
+    """
+    with hold_state_folder(config.state_dir):
+        await _run_agent(config, stop)
+
+
+async def _run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
     """Run a real agent until ``stop``: enrol or renew first, then renew while it runs.
 
     Unless ``config.insecure``, the hub URL must be ``grpcs://`` or ``mqtts://``

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from cloud.service import FleetService
@@ -47,7 +48,7 @@ def _warn_insecure() -> None:
 def _labels(items: list[str] | None) -> dict[str, str]:
     labels = dict(item.split("=", 1) for item in (items or []) if "=" in item)
     if len(labels) != len(items or []):
-        console.print("[red]error:[/] labels are k=v")
+        print_error("labels are k=v")
         raise typer.Exit(2)
     return labels
 
@@ -81,12 +82,21 @@ def _fleet(home: Path) -> Iterator[FleetService]:
     try:
         fleet = FleetService.open(home)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        print_error(f"{exc}. Run `edgeskill hub init --home {home}` first.")
         raise typer.Exit(2) from exc
     try:
         yield fleet
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     finally:
         fleet.close()
+
+
+def print_error(message: str) -> None:
+    """Print ``error: MESSAGE`` in red; the message is text, never rich markup.
+
+    Error texts quote what people typed (URLs, selectors, paths); a ``[`` in
+    them must not be taken for markup.
+    """
+    console.print(f"[red]error:[/] {escape(message)}")

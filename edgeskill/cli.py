@@ -24,6 +24,7 @@ from edgeskill._common import (
     _setup_logging,
     _warn_insecure,
     console,
+    print_error,
 )
 
 app = typer.Typer(
@@ -150,7 +151,7 @@ def agent_run(
     try:
         _run_until_signal(lambda stop: run_agent(config, stop))
     except (AgentError, SkillError, TransportError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
 
 
@@ -159,7 +160,7 @@ def _read_token(path: Path) -> str:
         with path.open("r", encoding="utf-8") as fh:
             return fh.read(1024).strip()
     except OSError as exc:
-        console.print(f"[red]error:[/] cannot read {path}: {exc}")
+        print_error(f"cannot read {path}: {exc}")
         raise typer.Exit(2) from exc
 
 

@@ -16,6 +16,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from edgeskill._common import print_error
+
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
 app = typer.Typer(
     help="The MQTT broker: a generated Mosquitto config (TLS, client certificates, ACL).",
@@ -61,7 +63,7 @@ def config(
         )
         url = hub_mqtt_url(home, "127.0.0.1" if bind in _ANY_ADDRESS else bind, port, prefix)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     console.print(f"wrote {conf} (+ acl, broker.crt, broker.key)")
     console.print(f"run the broker:   mosquitto -c {conf}")
@@ -81,6 +83,6 @@ def reload(out: OutOpt) -> None:
     try:
         pid = reload_broker(out)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     console.print(f"signalled the broker (pid {pid}) to reload")

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console
+from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console, print_error
 
 skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_is_help=True)
 deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
@@ -36,7 +36,7 @@ def skill_build(
     try:
         path = build_bundle(src, out)
     except SkillError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     console.print(f"built {path}")
 

@@ -23,6 +23,7 @@ from edgeskill._common import (
     _setup_logging,
     _warn_insecure,
     console,
+    print_error,
 )
 
 app = typer.Typer(help="Run and set up the cloud hub.", no_args_is_help=True)
@@ -66,7 +67,7 @@ def _open_hub(home: Path) -> Any:
     try:
         return Hub.open(home)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        print_error(f"{exc}. Run `edgeskill hub init --home {home}` first.")
         raise typer.Exit(2) from exc
 
 
@@ -80,7 +81,7 @@ def _hub(home: Path) -> Iterator[Any]:
     try:
         yield hub
     except (HubError, SkillError, TransportError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     finally:
         hub.close()
@@ -144,7 +145,7 @@ def hub_init(
             root_threshold=root_threshold,
         )
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     hub.close()
     console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
@@ -219,7 +220,7 @@ def hub_issue_cert(
     try:
         creds = issue_device_credentials(home, device_id, out)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     console.print(f"issued {creds.client.cert} and {creds.client.key} (CN={device_id})")
     console.print(

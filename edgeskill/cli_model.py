@@ -19,6 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
+from edgeskill._common import print_error
+
 if TYPE_CHECKING:
     from cloud.models import (
         ArtifactRecord,
@@ -56,12 +58,12 @@ def _factory(home: Path) -> Iterator[ModelFactory]:
     try:
         fleet = FleetService.open(home)
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}. Run `edgeskill hub init --home {home}` first.")
+        print_error(f"{exc}. Run `edgeskill hub init --home {home}` first.")
         raise typer.Exit(2) from exc
     try:
         yield fleet.models
     except HubError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     finally:
         fleet.close()
@@ -193,7 +195,7 @@ def compress(
             latency=latency,
         )
     except ConverterError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print_error(str(exc))
         raise typer.Exit(2) from exc
     with _factory(home) as factory, console.status("compressing") as status:
 

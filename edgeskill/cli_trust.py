@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from edgeskill._common import print_error
+
 if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
 
@@ -47,7 +49,7 @@ WARN_DAYS = 60
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/] {message}")
+    print_error(message)
     return typer.Exit(2)
 
 

@@ -135,3 +135,15 @@ def test_an_insecure_hub_says_so_loudly(tmp_path: Path) -> None:
     init = runner.invoke(app, ["hub", "init", "--home", str(home), "--insecure"])
     assert init.exit_code == 0 and "INSECURE MODE" in init.output
     assert not (home / "pki").exists()
+
+
+def test_an_error_text_with_brackets_is_printed_as_text_not_markup(tmp_path: Path) -> None:
+    home = tmp_path / "hub"
+    made = runner.invoke(app, ["hub", "init", "--home", str(home), "--insecure"])
+    assert made.exit_code == 0, made.output
+    # The URL the person typed comes back inside the message, with the brackets of the
+    # expected form: rich must print it, not read "[/prefix]" as a closing tag.
+    bad = runner.invoke(app, ["hub", "serve", "--home", str(home), "--mqtt", "http://x"])
+    assert bad.exit_code == 2
+    assert "error: 'http://x' is not an mqtt://host[:port][/prefix] URL" in bad.output
+    assert "MarkupError" not in bad.output
