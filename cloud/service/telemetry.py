@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from cloud.service.views import TelemetrySummaryView
 from cloud.store import Store
 
@@ -23,7 +21,7 @@ class TelemetryService:
         Raises:
             StoreError: The store failed.
         """
-        return [TelemetrySummaryView(**asdict(s)) for s in self._store.telemetry_summary()]
+        return self._store.telemetry_summary()
 
     def inferences_by_device(self) -> dict[str, int]:
         """How many inferences each device reported, over all its skills.

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cloud.store.records import DeviceSkillSummary
+
 __all__ = [
     "DeploymentView",
     "DeviceView",
@@ -96,20 +98,6 @@ class DeploymentView:
     created_ms: int
 
 
-@dataclass(frozen=True)
-class TelemetrySummaryView:
-    """Telemetry of one skill on one device, summed over every window.
-
-    ``accuracy`` is None until some inference was labelled; ``version`` and
-    ``latency_p50_ms`` come from the latest window.
-    """
-
-    device_id: str
-    skill: str
-    version: str
-    inferences: int
-    labelled: int
-    correct: int
-    accuracy: float | None
-    latency_p50_ms: float
-    windows: int
+#: Telemetry of one skill on one device, summed over every window: already a frozen
+#: record the store computes, so the service hands it out as it is.
+TelemetrySummaryView = DeviceSkillSummary

@@ -29,6 +29,7 @@ from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.topics import MqttEndpoint
 from skills.trust.director import Instruction, SignedInstruction
 from tests.support import async_wait_until
+from tests.support.hubs import hub_with_digits
 
 pytestmark = pytest.mark.mqtt
 
@@ -44,17 +45,7 @@ def url() -> Iterator[str]:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[Hub]:
-    opened = Hub.init(tmp_path / "hub")
-    opened.store.add_skill_version(
-        "digits",
-        "1.0.0",
-        target_name="digits/d.skill",
-        sha256="a" * 64,
-        size=1,
-        manifest="",
-        now_ms=1,
-    )
-    opened.store.create_group("cameras", "kind=camera")
+    opened = hub_with_digits(tmp_path / "hub")
     yield opened
     opened.close()
 

@@ -38,6 +38,7 @@ from protos import encode_envelope, kind_of, make_envelope, pb
 from protos.topics import Topics
 from tests.support import async_wait_until, wait_until
 from tests.support.broker import TlsBroker, tls_broker
+from tests.support.hubs import hub_with_digits
 
 pytestmark = pytest.mark.mqtt
 
@@ -47,18 +48,7 @@ REFUSED = "Not authorized"
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[Hub]:
-    opened = Hub.init(tmp_path / "hub")
-    opened.store.add_skill_version(
-        "digits",
-        "1.0.0",
-        target_name="digits/d.skill",
-        sha256="a" * 64,
-        size=1,
-        manifest="",
-        now_ms=1,
-    )
-    opened.store.create_group("cameras", "kind=camera")
-    opened.store.create_deployment("digits", "1.0.0", "cameras", now_ms=2)
+    opened = hub_with_digits(tmp_path / "hub", deployed=True)
     yield opened
     opened.close()
 
