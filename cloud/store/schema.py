@@ -32,6 +32,7 @@ __all__ = [
     "device_security_events",
     "devices",
     "director_instructions",
+    "hub_events",
     "metadata",
     "reported_states",
     "skill_versions",
@@ -62,6 +63,9 @@ devices = Table(
     Column("profile", Text, nullable=False),
     Column("last_seen_ms", BigInteger, nullable=False),
     Column("online", Boolean, nullable=False),
+    # The heartbeat interval the hub gave the device when it last connected (0: not
+    # known yet); presence is derived from it and last_seen_ms, not from ``online``.
+    Column("heartbeat_ms", BigInteger, nullable=False, server_default="0"),
 )
 
 # One row per label so that selectors are answered by the database.
@@ -174,6 +178,22 @@ device_security_events = Table(
     Column("received_ms", BigInteger, nullable=False),
     Index(None, "device_id", "received_ms"),
     Index(None, "kind", "reason"),
+)
+
+# What happened in the fleet, newest last: deployments, skill state transitions on
+# devices, connections, refusals. No foreign key: events outlive a removed device.
+# ``device_id`` is '' for events that concern no single device.
+hub_events = Table(
+    "hub_events",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("kind", String(NAME_LEN), nullable=False),
+    Column("device_id", String(ID_LEN), nullable=False),
+    Column("subject", String(255), nullable=False),
+    Column("message", Text, nullable=False),
+    Index(None, "device_id", "id"),
+    Index(None, "kind", "id"),
 )
 
 # No foreign key to devices: telemetry is never refused for want of a device row.
