@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt | sha256sum | cut -c1-16)
 
-.PHONY: setup demo test lint bench fuzz services proto clean
+.PHONY: setup demo test lint bench fuzz services services-stop proto clean
 
 $(STAMP): pyproject.toml requirements-tflite.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,8 +18,15 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/edgeskill demo
 
+# The tests' own Mosquitto and PostgreSQL on free loopback ports; endpoints in $(SERVICES_ENV).
+SERVICES_ENV := .build/services/env
+WITH_SERVICES := set -a && . ./$(SERVICES_ENV) && set +a &&
+
 services:
 	bash scripts/services.sh
+
+services-stop:
+	bash scripts/services.sh stop
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -29,10 +36,10 @@ lint: setup
 	$(PY) -m protos.generate --check
 
 test: setup services lint
-	$(VENV)/bin/pytest -q
+	$(WITH_SERVICES) $(VENV)/bin/pytest -q
 
 bench: setup services
-	for b in tests/bench/bench_*.py; do $(PY) $$b || exit 1; done
+	$(WITH_SERVICES) for b in tests/bench/bench_*.py; do $(PY) $$b || exit 1; done
 
 # Coverage-guided fuzzing of the hostile-input parsers (tests/fuzz/); FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import grpc.aio
 
+from cloud.endpoints import bind_failure
 from cloud.enrolment import Enrolled, Enroller, EnrolmentError
 from cloud.errors import (
     FetchRefusedError,
@@ -274,8 +275,11 @@ def _handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
 
 
 def server_options() -> list[tuple[str, int]]:
-    """Message caps and keepalive policy for the hub's server."""
+    """Message caps, keepalive policy and exclusive ports for the hub's server."""
     return [
+        # gRPC shares a port between processes by default (SO_REUSEPORT on Linux):
+        # a second hub on the same address would take half the connections.
+        ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max(_MAX_RECEIVE_BYTES, MAX_ENVELOPE_BYTES + 1024)),
         ("grpc.max_send_message_length", 8 * 1024 * 1024),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -307,7 +311,8 @@ async def start_grpc_server(
         The running server and the port it listens on (the mTLS one).
 
     Raises:
-        RuntimeError: an address could not be bound.
+        TransportError: an address could not be bound (in use, not of this
+            machine); each port is this server's alone.
     """
     revocations = None
     if tls is not None and tls.crl is not None:
@@ -318,17 +323,31 @@ async def start_grpc_server(
     server = grpc.aio.server(options=server_options())
     server.add_generic_rpc_handlers((_handler(servicer),))
     if tls is None:
-        port = server.add_insecure_port(bind)
+        port = _add_port(server, bind, None)
     else:
         pair = [(tls.private_key, tls.cert_chain)]
         creds = grpc.ssl_server_credentials(
             pair, root_certificates=tls.client_ca, require_client_auth=True
         )
-        port = server.add_secure_port(bind, creds)
-        enrol_creds = grpc.ssl_server_credentials(pair)
-        if enroll_bind and enroller and server.add_secure_port(enroll_bind, enrol_creds) == 0:
-            raise RuntimeError(f"could not bind {enroll_bind}")
-    if port == 0:
-        raise RuntimeError(f"could not bind {bind}")
+        port = _add_port(server, bind, creds)
+        if enroll_bind and enroller:
+            _add_port(server, enroll_bind, grpc.ssl_server_credentials(pair))
     await server.start()
     return server, port
+
+
+def _add_port(server: grpc.aio.Server, bind: str, creds: grpc.ServerCredentials | None) -> int:
+    """Bind ``bind`` on ``server`` (TLS with ``creds``); the port it got.
+
+    Raises:
+        TransportError: the address could not be bound, and why.
+    """
+    try:
+        port = (
+            server.add_insecure_port(bind) if creds is None else server.add_secure_port(bind, creds)
+        )
+    except RuntimeError as exc:  # gRPC says only that it failed; probe for the reason
+        raise bind_failure(bind) from exc
+    if port == 0:  # older gRPC reported a failed bind this way
+        raise bind_failure(bind)
+    return port

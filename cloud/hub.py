@@ -10,13 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
 
 from cloud.director import HubDirector
+from cloud.endpoints import (
+    ENROLMENT,
+    GRPC,
+    METRICS,
+    check_hub_addresses,
+    check_listeners,
+    check_store_url,
+    parse_broker_url,
+)
 from cloud.enrolment import Enroller
 from cloud.errors import HubError, ValidationError
 from cloud.grpc_server import ServerTls, start_grpc_server
@@ -25,6 +36,7 @@ from cloud.leader import Election, open_election
 from cloud.loops import LoopHost, periodic
 from cloud.metrics import start_hub_metrics
 from cloud.pki import PKI_DIR, init_hub_pki
+from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.store import Store, open_store
 from skills.errors import SkillError
 from skills.trust import TrustRepository
@@ -184,7 +196,8 @@ class Hub:
         By default the hub's CA, its server certificate (for 127.0.0.1,
         localhost, the bind host and ``server_names``), its MQTT client
         certificate (CN ``hub``) and an empty CRL are made in ``<home>/pki/``,
-        and gRPC serves mutual TLS.
+        and gRPC serves mutual TLS. Every setting is checked before anything is
+        written; if making the home fails part way, what was made is removed.
 
         Args:
             home: the folder to create the hub in.
@@ -200,11 +213,17 @@ class Hub:
             root_threshold: how many of ``root_keys`` must sign a new root.
 
         Raises:
-            HubError: the home already holds a hub, or the PKI cannot be written.
-            ValidationError: a server name cannot go into a certificate.
+            HubError: the home already holds a hub, or the PKI, the TUF
+                repository or the store cannot be made.
+            ValidationError: a malformed bind address, broker URL or store URL,
+                or a server name that cannot go into a certificate.
         """
         if (home / CONFIG_FILE).exists():
             raise HubError(f"{home} already holds a hub ({CONFIG_FILE} exists)")
+        enroll_bind = enroll_bind or enroll_bind_for(grpc_bind)
+        check_hub_addresses(grpc_bind, enroll_bind, mqtt_url)
+        if store_url:
+            check_store_url(store_url)
         if not 1 <= root_threshold <= max(1, len(root_keys)):
             raise ValidationError(
                 f"a root threshold of {root_threshold} needs at least that many --root-key files"
@@ -213,30 +232,29 @@ class Hub:
             root_signers = load_signers(root_keys) if root_keys else None
         except SkillError as exc:
             raise HubError(str(exc)) from exc
-        home.mkdir(parents=True, exist_ok=True)
-        url = store_url or f"sqlite:///{(home / 'hub.db').resolve()}"
-        if tls is None and not insecure:
-            host = grpc_bind.rpartition(":")[0].strip("[]")
-            names = [n for n in (host, *server_names) if n and n not in _WILDCARDS]
-            init_hub_pki(home, names)
-            Enroller(home).crl_pem()  # an empty CRL, so the broker can point at it
-            tls = DEFAULT_TLS
         config = HubConfig(
-            store_url=url,
+            store_url=store_url or f"sqlite:///{(home / 'hub.db').resolve()}",
             grpc_bind=grpc_bind,
             mqtt_url=mqtt_url,
-            tls=None if insecure else tls,
-            enroll_bind=enroll_bind or enroll_bind_for(grpc_bind),
+            tls=None if insecure else (tls or DEFAULT_TLS),
+            enroll_bind=enroll_bind,
             insecure=insecure,
         )
-        try:
-            trust = TrustRepository.init(
-                home / "trust", root_signers=root_signers, root_threshold=root_threshold
-            )
-        except SkillError as exc:
-            raise HubError(f"cannot create the TUF repository: {exc}") from exc
-        store = open_store(url)
-        config.dump(home / CONFIG_FILE)
+        with _removed_on_failure(home):
+            home.mkdir(parents=True, exist_ok=True)
+            if tls is None and not insecure:
+                host = grpc_bind.rpartition(":")[0].strip("[]")
+                names = [n for n in (host, *server_names) if n and n not in _WILDCARDS]
+                init_hub_pki(home, names)
+                Enroller(home).crl_pem()  # an empty CRL, so the broker can point at it
+            try:
+                trust = TrustRepository.init(
+                    home / "trust", root_signers=root_signers, root_threshold=root_threshold
+                )
+            except SkillError as exc:
+                raise HubError(f"cannot create the TUF repository: {exc}") from exc
+            store = open_store(config.store_url)
+            config.dump(home / CONFIG_FILE)
         return cls(home, config, store, trust)
 
     @classmethod
@@ -257,16 +275,19 @@ class Hub:
         """Claims, enrolment, renewal and revocation for this hub's devices."""
         return Enroller(self.home, self.store)
 
-    def core(self) -> HubCore:
+    def core(self, heartbeat_s: int = DEFAULT_HEARTBEAT_S) -> HubCore:
         """The transport-independent message handler over this hub's state.
 
         Desired states go out signed with the hub's director key, unless the hub is insecure.
+        Devices are told to send a heartbeat every ``heartbeat_s`` seconds.
 
         Raises:
+            ValidationError: ``heartbeat_s`` outside 1..300.
             HubError: the director key cannot be read or made.
         """
+        heartbeat_s = heartbeat_seconds(heartbeat_s)  # before a director key may be made
         director = None if self.config.insecure else HubDirector(self.home)
-        return HubCore(self.store, self.trust, director=director)
+        return HubCore(self.store, self.trust, director=director, heartbeat_s=heartbeat_s)
 
     async def serve(
         self,
@@ -277,6 +298,7 @@ class Hub:
         metrics_bind: str | None = None,
         *,
         insecure: bool | None = None,
+        heartbeat_s: int = DEFAULT_HEARTBEAT_S,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
@@ -295,26 +317,27 @@ class Hub:
         ``insecure`` or ``insecure`` is set here; devices then enrol on the
         configured ``enroll_bind``. Plain mode logs a loud warning.
 
+        Every address and URL is checked, and every port probed, before the
+        serve lock is taken (see :func:`plan_serve`).
+
         Raises:
             AlreadyServingError: SQLite, and another process serves this home.
             HubError: the serve lock or the leader election cannot be set up.
             TransportError: the broker could not be reached at start, a TLS
-                file cannot be read, or the metrics address cannot be bound.
-            ValidationError: a malformed ``metrics_bind``.
+                file cannot be read, or an address cannot be listened on.
+            ValidationError: a malformed bind address or broker URL, or a
+                ``heartbeat_s`` (the interval devices keep) outside 1..300 seconds.
         """
-        insecure = self.config.insecure if insecure is None else insecure
-        tls = None if insecure else (tls or self.config.tls)
-        if tls is None and not insecure:
-            raise HubError(f"{self.home} has no TLS files; serve it with --insecure, or init anew")
-        if insecure:
+        heartbeat_s = heartbeat_seconds(heartbeat_s)
+        plan = plan_serve(self.home, self.config, grpc_bind, mqtt_url, tls, metrics_bind, insecure)
+        if plan.tls is None:
             log.warning(INSECURE_WARNING)
-        server_tls = tls.resolve(self.home).load() if tls is not None else None
-        url = self.config.mqtt_url if mqtt_url is None else mqtt_url
+        server_tls, url, metrics_bind = plan.tls, plan.mqtt_url, plan.metrics_bind
         async with contextlib.AsyncExitStack() as stack:
             # Unwinds in reverse: transports, loops, telemetry flush, metrics, election.
             election = open_election(self.home, self.config.store_url)
             stack.push_async_callback(asyncio.to_thread, election.close)
-            core = self.core()
+            core = self.core(heartbeat_s)
             host = self._loop_host(core, election)
             if metrics_bind:
                 metrics = start_hub_metrics(core, self.store, metrics_bind, host)
@@ -327,13 +350,12 @@ class Hub:
                 from cloud.mqtt_server import start_mqtt_server  # noqa: PLC0415 - paho only when used
 
                 stack.push_async_callback((await start_mqtt_server(core, url)).stop)
-            bind = grpc_bind or self.config.grpc_bind
             server, port = await start_grpc_server(
                 core,
-                bind,
+                plan.grpc_bind,
                 server_tls,
                 enroller=self.enroller(),
-                enroll_bind=enroll_bind_for(bind) if grpc_bind else self.config.enroll_bind,
+                enroll_bind=plan.enroll_bind,
             )
             stack.push_async_callback(server.stop, 1.0)
             log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
@@ -370,3 +392,73 @@ class Hub:
 def _opt_path(data: dict[str, object], key: str) -> Path | None:
     value = data.get(key)
     return Path(str(value)) if value else None
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What one ``hub serve`` listens on and speaks, checked before anything starts."""
+
+    grpc_bind: str
+    #: Where devices enrol; bound only with ``tls``.
+    enroll_bind: str
+    mqtt_url: str
+    metrics_bind: str | None
+    #: The loaded mTLS material; None serves plain gRPC (insecure).
+    tls: ServerTls | None
+
+
+def plan_serve(
+    home: Path,
+    config: HubConfig | None = None,
+    grpc_bind: str | None = None,
+    mqtt_url: str | None = None,
+    tls: TlsFiles | None = None,
+    metrics_bind: str | None = None,
+    insecure: bool | None = None,
+) -> ServePlan:
+    """Check how the hub at ``home`` would serve, changing nothing: addresses, URL, TLS, ports.
+
+    Settings given here override the home's ``hub.toml`` (read when ``config``
+    is None). Every address it would listen on is probed, so a taken port or
+    an address of another machine is refused before the hub opens its store
+    or takes its serve lock.
+
+    Raises:
+        HubError: no hub config at ``home``, or a secure hub without TLS files.
+        ValidationError: a malformed bind address or broker URL, or one address twice.
+        TransportError: a TLS file cannot be read, or an address cannot be listened on.
+    """
+    config = config or HubConfig.load(home / CONFIG_FILE)
+    insecure = config.insecure if insecure is None else insecure
+    files = None if insecure else (tls or config.tls)
+    if files is None and not insecure:
+        raise HubError(f"{home} has no TLS files; serve it with --insecure, or init anew")
+    bind = grpc_bind or config.grpc_bind
+    enroll_bind = enroll_bind_for(bind) if grpc_bind else config.enroll_bind
+    url = config.mqtt_url if mqtt_url is None else mqtt_url
+    parse_broker_url(url)
+    # Plain gRPC has no enrolment port.
+    listeners = {GRPC: bind, ENROLMENT: enroll_bind if files else "", METRICS: metrics_bind or ""}
+    server_tls = files.resolve(home).load() if files is not None else None
+    check_listeners({what: address for what, address in listeners.items() if address})
+    return ServePlan(bind, enroll_bind, url, metrics_bind or None, server_tls)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(home: Path) -> Iterator[None]:
+    """Remove what the block made at ``home`` (and missing parents of it) if it raises."""
+    home = home.absolute()
+    missing = [p for p in (home, *home.parents) if not p.exists()]
+    before = set() if missing else set(home.iterdir())
+    try:
+        yield
+    except BaseException:
+        if missing:
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        else:
+            for made in set(home.iterdir()) - before:
+                if made.is_dir() and not made.is_symlink():
+                    shutil.rmtree(made, ignore_errors=True)
+                else:
+                    made.unlink(missing_ok=True)
+        raise

@@ -24,9 +24,11 @@ from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
 from cloud.errors import ValidationError
 from cloud.fetch_serving import fetch_error_code, open_repository_file
+from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
 from cloud.store import Store
+from cloud.store.events import EVENT_DEVICE, EVENT_SECURITY, NewEvent
 from cloud.telemetry_batcher import BatcherSettings, TelemetryBatcher
 from cloud.wire import (
     desired_envelope,
@@ -103,6 +105,11 @@ class HubCore:
         director: Signs each device's desired state (``signed_desired``). Without
             one the core runs in the insecure mode: plain ``desired`` messages that
             agents follow only when they run insecure too (logged loudly).
+        heartbeat_s: The heartbeat interval devices are told in ``Welcome``; it is
+            recorded per device, and presence is judged by it (:mod:`cloud.presence`).
+
+    Raises:
+        ValidationError: ``heartbeat_s`` outside 1..300 seconds.
     """
 
     def __init__(
@@ -112,14 +119,15 @@ class HubCore:
         limits: HubLimits | None = None,
         *,
         director: HubDirector | None = None,
+        heartbeat_s: int = DEFAULT_HEARTBEAT_S,
     ) -> None:
+        self.heartbeat_s = heartbeat_seconds(heartbeat_s)
         self.store = store
         self.trust = trust
         self.limits = limits = limits or HubLimits()
         self.director = director
         if director is None:
             log.warning("INSECURE: no director key; desired state goes out unsigned")
-        self.heartbeat_s = 5
         #: Messages dropped, by :class:`DropReason`; exported as metrics.
         self.dropped: Counter[str] = Counter()
         self.handled: Counter[str] = Counter()
@@ -218,13 +226,16 @@ class HubCore:
             raise ProtocolError(f"more than {self.limits.max_labels} labels")
         try:
             labels = parse_labels(f"{k}={v}" for k, v in reg.labels.items())
-            await asyncio.to_thread(
-                self.store.register_device, device_id, labels, device_profile(reg), now_ms=now_ms()
-            )
+            beat_ms = self.heartbeat_s * 1000
+            save = functools.partial(self.store.register_device, heartbeat_ms=beat_ms)
+            await asyncio.to_thread(save, device_id, labels, device_profile(reg), now_ms=now_ms())
         except ValidationError as exc:
             raise ProtocolError(str(exc)) from exc
         self._known.add(device_id)
         self.handled["register"] += 1
+        board = str(device_profile(reg).get("board", "")) or "board not said"
+        note = NewEvent(EVENT_DEVICE, f"{device_id} registered ({board})", device_id)
+        await asyncio.to_thread(self.store.record_event, note, now_ms=now_ms())
         welcome = make_envelope(
             device_id, correlation_id=env.id, welcome=pb.Welcome(heartbeat_s=self.heartbeat_s)
         )
@@ -295,7 +306,7 @@ class HubCore:
     async def _dispatch(self, device_id: str, env: pb.Envelope) -> list[pb.Envelope]:
         kind = kind_of(env)
         if kind == "heartbeat":
-            await self.presence(device_id, online=True)
+            await self.heard(device_id)
         elif kind == "reported":
             # The device's send time orders its reports (clamped: a fast clock must not
             # freeze them); a redelivered older report then cannot hide a newer one.
@@ -318,6 +329,10 @@ class HubCore:
         event = security_event_record(env.security_event)
         if not self.store.add_security_event(env.id, device_id, event):
             return  # a redelivered event: counted the first time
+        summary = f"{event.kind} ({event.reason}) x{event.count} {event.subject}".strip()
+        detail = f"{summary}: {event.detail}" if event.detail else summary
+        note = NewEvent(EVENT_SECURITY, detail, device_id, event.subject)
+        self.store.record_event(note, now_ms=now_ms())
         key = (event.kind, event.reason)
         if key not in self.security_events and len(self.security_events) >= _MAX_EVENT_SERIES:
             key = ("other", "other")
@@ -337,16 +352,26 @@ class HubCore:
         statuses = skill_status_records(report)
         self.store.save_report(device_id, report.generation, statuses, now_ms=made_ms)
 
-    async def presence(self, device_id: str, *, online: bool) -> None:
-        """Record that a device was heard from, and whether it is connected.
+    async def heard(self, device_id: str) -> None:
+        """Record a message from the device itself (a heartbeat): it is connected, seen now.
 
         Raises:
             StoreError: the store failed.
         """
-        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=online)
+        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=True)
+
+    async def presence(self, device_id: str, *, online: bool) -> None:
+        """Record whether a device is connected, as news not from the device itself.
+
+        Its last-seen time stays: a broker's status replayed late cannot make it look fresh.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        await asyncio.to_thread(self.store.set_device_connected, device_id, connected=online)
 
     async def disconnected(self, device_id: str) -> None:
-        """Mark a device offline after its connection ended.
+        """Mark a device disconnected after its connection ended (it is offline until it speaks).
 
         Raises:
             StoreError: the store failed.

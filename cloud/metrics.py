@@ -8,19 +8,17 @@ own registry: several hubs in one process (as in tests) never share series.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import case, func, select
-from sqlalchemy.exc import SQLAlchemyError
 
-from cloud.errors import TransportError, ValidationError
+from cloud.errors import StoreError, TransportError, ValidationError
 from cloud.hubcore import HubCore
 from cloud.loops import LoopHost
 from cloud.store import Store
-from cloud.store.schema import devices
+from protos.envelope import now_ms
 from protos.metrics_server import MetricsBindError, MetricsServer, start_metrics_server
 
 __all__ = ["HubCollector", "MetricsServer", "start_hub_metrics"]
@@ -35,10 +33,19 @@ MAX_SERIES = 64
 class HubCollector:
     """Reads a :class:`HubCore`'s counters, the store's fleet size and the loops at each scrape."""
 
-    def __init__(self, core: HubCore, store: Store, loops: LoopHost | None = None) -> None:
+    def __init__(
+        self,
+        core: HubCore,
+        store: Store,
+        loops: LoopHost | None = None,
+        *,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.core = core
         self.store = store
         self.loops = loops
+        #: Wall-clock milliseconds: presence is judged at scrape time.
+        self.clock = clock
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Yield the hub's metric families (called by the registry on each scrape)."""
@@ -75,19 +82,17 @@ class HubCollector:
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[GaugeMetricFamily]:
-        query = select(
-            func.count(), func.coalesce(func.sum(case((devices.c.online, 1), else_=0)), 0)
-        )
         try:
-            with self.store.engine.connect() as conn:
-                known, online = conn.execute(query).one()
-        except SQLAlchemyError as exc:
+            known, online = self.store.count_devices(now_ms=self.clock())
+        except StoreError as exc:
             # A scrape must not fail because the store is briefly away; the gauges go missing.
             log.warning("metrics: cannot count devices: %s", exc)
             return
-        yield GaugeMetricFamily("edgeskill_hub_devices", "Devices known.", value=int(known))
+        yield GaugeMetricFamily("edgeskill_hub_devices", "Devices known.", value=known)
         yield GaugeMetricFamily(
-            "edgeskill_hub_devices_online", "Devices marked online.", value=int(online)
+            "edgeskill_hub_devices_online",
+            "Devices online: connected, and heard from within two heartbeat intervals.",
+            value=online,
         )
 
 

@@ -147,7 +147,7 @@ class MqttHubServer:
                     online = _PRESENCE.get(msg.payload)
                     if online is None:
                         session.drop(DropReason.MALFORMED, "status payload")
-                    else:
+                    else:  # the connected flag only: a retained status is no sign of life
                         await session.presence(online=online)
                     continue
                 for reply in await session.receive(msg.payload, ref.kind):

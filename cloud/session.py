@@ -179,7 +179,12 @@ class DeviceSession:
         return replies
 
     async def presence(self, *, online: bool) -> None:
-        """Record the claimed device's presence (ignored for a device that never registered)."""
+        """Record whether the claimed device is connected, as a broker's status says.
+
+        The status is the broker's news (retained, or a last will), not a message from
+        the device, so the device's last-seen time stays. Ignored for a device that
+        never registered.
+        """
         device = self.claimed or self.device_id
         if device is None or not await self._known(device, count=False):
             return

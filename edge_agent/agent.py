@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 TransportFactory = Callable[[], AgentTransport]
 
 _FLUSH_BATCH = 200
+#: The first wait before reconnecting; it doubles up to ``config.max_backoff_s``.
+_FIRST_BACKOFF_S = 0.2
+#: How often the first metadata refresh looks for a session to run on.
+_FIRST_REFRESH_POLL_S = 0.5
 #: Security events of one kind and reason go up at most once per window (with a count).
 _EVENT_WINDOW_S = 1.0
 
@@ -110,6 +114,9 @@ class Agent:
         self._refresh_metadata = refresh_metadata
         self._wake_events = asyncio.Event()
         self.heartbeat_s = 5.0
+        # Set when the hub's Welcome changes the interval, so a sleeping heartbeat
+        # loop takes the new one at once instead of after the default 5 s.
+        self._beat_changed = asyncio.Event()
         self.windows: dict[tuple[str, str], WindowStats] = {}
         #: Running totals exported as metrics.
         self.inference_counts = InferenceCounter()
@@ -208,11 +215,20 @@ class Agent:
         return make_envelope(self.config.device_id, register=reg)
 
     async def _session(self) -> None:
-        backoff = 0.2
+        """Connect, run the session until it ends, wait, and connect again.
+
+        Each failed attempt or lost session is one log line (its traceback only at
+        debug level); the wait doubles up to ``config.max_backoff_s`` and starts
+        afresh after a session that connected.
+        """
+        backoff = _FIRST_BACKOFF_S
         while True:
-            transport = self._open_transport()
+            transport: AgentTransport | None = None
+            connected = False
             try:
+                transport = self._open_transport()
                 await transport.connect(self._register())
+                connected, backoff = True, _FIRST_BACKOFF_S
                 self.link.attach(transport)
                 self._in_flight.clear()
                 self._report_due = True
@@ -221,10 +237,14 @@ class Agent:
                     tg.create_task(self._heartbeat(transport))
                     tg.create_task(self._receive(transport))
             except* TransportError as group:
-                log.info("hub connection lost: %s", group.exceptions[0])
+                what = "hub connection lost" if connected else "cannot connect to the hub"
+                error = group.exceptions[0]
+                trace = error if log.isEnabledFor(logging.DEBUG) else None
+                log.info("%s: %s; trying again in %.1f s", what, error, backoff, exc_info=trace)
             finally:
                 self.link.detach()
-                await transport.close()
+                if transport is not None:
+                    await transport.close()
             await asyncio.sleep(backoff)
             backoff = min(self.config.max_backoff_s, backoff * 2)
 
@@ -244,6 +264,7 @@ class Agent:
                     self._wake_flush.set()
             elif kind == "welcome":
                 self.heartbeat_s = max(1.0, float(env.welcome.heartbeat_s or 5))
+                self._beat_changed.set()
 
     def _on_signed(self, data: bytes) -> None:
         try:
@@ -296,11 +317,14 @@ class Agent:
         refresh = self._refresh_metadata
         if refresh is None:
             return
-        interval = self.config.metadata_refresh_s
+        # The first refresh runs as soon as a session is up, so a trusted root that does
+        # not fit this hub is reported (and logged, once) at start, not at the first install.
+        wait = min(_FIRST_REFRESH_POLL_S, self.config.metadata_refresh_s)
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
             if self.transport is None:
                 continue  # offline: nothing to compare with
+            wait = self.config.metadata_refresh_s
             try:
                 await asyncio.to_thread(refresh)
             except TrustError as exc:
@@ -310,11 +334,13 @@ class Agent:
 
     async def _heartbeat(self, transport: AgentTransport) -> None:
         while True:
+            self._beat_changed.clear()  # before the send: a Welcome during it is not lost
             uptime = int(self._clock() - self._started)
             await transport.send(
                 make_envelope(self.config.device_id, heartbeat=pb.Heartbeat(uptime_s=uptime))
             )
-            await asyncio.sleep(self.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_changed.wait(), self.heartbeat_s)
 
     # -- outbox: everything sent up is kept until the hub acknowledges it -------
 

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography.x509.oid import NameOID
@@ -33,6 +32,11 @@ from edge_agent.installs import InstallStore
 from edge_agent.outbox import Outbox
 from edge_agent.profile import DeviceProfile, detect_profile
 from edge_agent.sandbox.launcher import SkillLauncher, make_launcher
+from edge_agent.startup_checks import (
+    TRUST_DIR,
+    check_config,
+    check_run_config,
+)
 from edge_agent.state_lock import hold_state_folder
 from edge_agent.transport import open_transport
 from edge_agent.workload import ReplaySource
@@ -42,13 +46,10 @@ __all__ = ["build_agent", "run_agent", "transport_factory"]
 
 log = logging.getLogger(__name__)
 
-#: Largest trusted root file read from the command line.
-MAX_ROOT_BYTES = 1024 * 1024
 INSECURE_WARNING = (
     "INSECURE MODE: no device identity, plain transport, unsigned desired states accepted. "
     "Anyone on the network can command this device. Use this only on a closed test network."
 )
-_SECURE_SCHEMES = ("grpcs", "mqtts")
 
 
 def transport_factory(config: AgentConfig) -> TransportFactory:
@@ -70,13 +71,15 @@ def transport_factory(config: AgentConfig) -> TransportFactory:
 async def run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
     """Run a real agent until ``stop``, holding its state folder for its lifetime.
 
-    See :func:`_run_agent`.
+    The settings are checked first (:func:`~edge_agent.startup_checks.check_run_config`):
+    a refused start creates nothing. See :func:`_run_agent`.
 
     Raises:
+        SettingsError: a setting cannot be used (an :class:`AgentError`; one line).
         AgentError: another agent runs on the state folder, or what
             :func:`_run_agent` raises.
-        SkillError: no trusted root (see :func:`build_agent`).
     """
+    check_run_config(config)
     with hold_state_folder(config.state_dir):
         await _run_agent(config, stop)
 
@@ -84,24 +87,19 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
 async def _run_agent(config: AgentConfig, stop: asyncio.Event) -> None:
     """Run a real agent until ``stop``: enrol or renew first, then renew while it runs.
 
-    Unless ``config.insecure``, the hub URL must be ``grpcs://`` or ``mqtts://``
-    and the device needs an identity: the one kept in its state folder, one made
-    now with ``config.claim_token``, or certificate files given in ``config``.
+    Unless ``config.insecure``, the hub URL is ``grpcs://`` or ``mqtts://`` (as
+    :func:`run_agent` checked) and the device needs an identity: the one kept in its
+    state folder, one made now with ``config.claim_token``, or certificate files
+    given in ``config``.
 
     Raises:
-        AgentError: a plain hub URL without ``insecure``, no identity and no way to
-            make one, a refused enrolment, or what :func:`build_agent` raises.
-        SkillError: no trusted root (see :func:`build_agent`).
+        AgentError: no identity and no way to make one, a refused enrolment, or
+            what :func:`build_agent` raises.
     """
     if config.insecure:
         log.warning(INSECURE_WARNING)
         await build_agent(config).run(stop)
         return
-    scheme = urlsplit(config.hub_url).scheme
-    if scheme not in _SECURE_SCHEMES:
-        raise AgentError(
-            f"{scheme}:// is not authenticated: use grpcs:// or mqtts://, or --insecure"
-        )
     identity = await ensure_identity(config)
     if identity is not None and config.tls_cert is None:
         config = dataclasses.replace(
@@ -193,7 +191,8 @@ def build_agent(
 ) -> Agent:
     """Build an agent from its settings, with the real parts unless others are given.
 
-    The state folder is created; the outbox, installs and TUF client live in it.
+    The settings are checked first (:func:`~edge_agent.startup_checks.check_config`),
+    then the state folder is created; the outbox, installs and TUF client live in it.
 
     Args:
         config: The agent's settings.
@@ -202,19 +201,20 @@ def build_agent(
         transports: Opens sessions with the hub; the transport of ``config.hub_url`` by default.
 
     Raises:
-        AgentError: the state folder, trusted root or source cannot be read, or the
-            outbox cannot be opened.
-        SkillError: no trusted root was given and none is kept from an earlier start.
+        SettingsError: a setting cannot be used, or no trusted root was given and
+            none is kept from an earlier start (an :class:`AgentError`; one line).
+        AgentError: the state folder or source cannot be read, or the outbox cannot
+            be opened.
     """
+    root = check_config(config)
     profile = profile or detect_profile(config.board)
     state = config.state_dir
-    root = _read_root(config.trusted_root)
     try:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise AgentError(f"cannot create the state folder {state}: {exc}") from exc
     link = HubLink(config.max_bundle_bytes)
-    trust = TrustClient(state / "trust", link.fetch, trusted_root=root)
+    trust = TrustClient(state / TRUST_DIR, link.fetch, trusted_root=root)
     source = ReplaySource.load(config.source) if config.source is not None else None
     installs = InstallStore(state / "installs")
     launcher = launcher or make_launcher(
@@ -237,16 +237,3 @@ def build_agent(
         source=source,
         refresh_metadata=trust.refresh,
     )
-
-
-def _read_root(path: Path | None) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_ROOT_BYTES + 1)
-    except OSError as exc:
-        raise AgentError(f"cannot read the trusted root {path}: {exc}") from exc
-    if len(data) > MAX_ROOT_BYTES:
-        raise AgentError(f"trusted root {path} is larger than {MAX_ROOT_BYTES} bytes")
-    return data

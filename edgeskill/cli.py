@@ -6,11 +6,12 @@ works on a device where only the ``edge`` extra is installed.
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.main
 
 from edgeskill import cli_broker as broker_cli
 from edgeskill import cli_fleet as fleet_cli
@@ -20,11 +21,13 @@ from edgeskill import cli_trust as trust_cli
 from edgeskill._common import (
     MetricsBindOpt,
     _labels,
+    _quiet_native_logs,
     _run_until_signal,
     _setup_logging,
     _warn_insecure,
     console,
     print_error,
+    set_metavars,
 )
 
 app = typer.Typer(
@@ -109,15 +112,24 @@ def agent_run(
             help="DANGEROUS: no identity, plain transport, unsigned desired states accepted.",
         ),
     ] = False,
-    verbose: bool = False,
+    verbose: Annotated[
+        bool, typer.Option(help="Log debug lines, and the libraries' INFO lines too.")
+    ] = False,
 ) -> None:
     """Connect this device to a hub and keep its skills in the desired state.
 
     The first start enrols with --claim-token and --hub-ca; later starts reuse the
     identity kept in the state folder and renew its certificate when due.
+
+    Examples:
+      edgeskill agent run --hub grpcs://hub:7443 --device-id cam-1 --claim-token TOKEN
+        --hub-ca ca.crt --trusted-root root.json --state-dir cam-1
+      edgeskill agent run --hub grpcs://hub:7443 --device-id cam-1 --state-dir cam-1
+        --trusted-root root.json --source stream.npz --source-loop
     """
     from edge_agent.config import AgentConfig  # noqa: PLC0415
     from edge_agent.errors import AgentError, TransportError  # noqa: PLC0415
+    from edge_agent.startup_checks import check_run_config  # noqa: PLC0415
     from edge_agent.wiring import run_agent  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
 
@@ -149,6 +161,7 @@ def agent_run(
         enroll_url=enroll_url,
     )
     try:
+        check_run_config(config)  # before anything is written: a refused start creates nothing
         _run_until_signal(lambda stop: run_agent(config, stop))
     except (AgentError, SkillError, TransportError) as exc:
         print_error(str(exc))
@@ -156,11 +169,12 @@ def agent_run(
 
 
 def _read_token(path: Path) -> str:
+    from edge_agent.startup_checks import SettingsError, read_claim_token  # noqa: PLC0415
+
     try:
-        with path.open("r", encoding="utf-8") as fh:
-            return fh.read(1024).strip()
-    except OSError as exc:
-        print_error(f"cannot read {path}: {exc}")
+        return read_claim_token(path)
+    except SettingsError as exc:
+        print_error(str(exc))
         raise typer.Exit(2) from exc
 
 
@@ -175,16 +189,27 @@ def demo(
         Path | None, typer.Option(help="Folder for demo state; default a fresh temp dir.")
     ] = None,
 ) -> None:
-    """Hub + three agents end to end: train, sign, deploy to cameras, classify, report."""
+    """Hub + three agents end to end: train, sign, deploy to cameras, classify, report.
+
+    Examples:
+      edgeskill demo
+      edgeskill demo --transport mqtt
+      edgeskill demo --keep --workdir demo-state
+    """
     from edgeskill.demo import run_demo  # noqa: PLC0415
 
     raise typer.Exit(run_demo(console, keep=keep, transport=transport, workdir=workdir))
 
 
+def build_command() -> Any:
+    """The ``edgeskill`` click command, with plain metavars on every help page."""
+    return set_metavars(typer.main.get_command(app))
+
+
 def main() -> None:
     """Entry point of the ``edgeskill`` command."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    app()
+    _quiet_native_logs(verbose="--verbose" in sys.argv[1:])
+    build_command()()
 
 
 if __name__ == "__main__":

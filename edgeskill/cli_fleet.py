@@ -6,13 +6,18 @@ imported only then.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console, print_error
+
+if TYPE_CHECKING:
+    from cloud.service.views import DeviceDetailView, SkillDetailView, SkillStateView
 
 skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_is_help=True)
 deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
@@ -22,30 +27,137 @@ devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=Tru
 # -- skills ------------------------------------------------------------------
 
 
+@skill_app.command("new")
+def skill_new(
+    dest: Annotated[Path, typer.Argument(help="Folder to create for the skill's source.")],
+    template: Annotated[
+        str, typer.Option("--from", metavar="SKILL", help="The built-in skill to start from.")
+    ] = "digits",
+) -> None:
+    """Start a skill source folder from a built-in skill: its manifest and control code.
+
+    Add models with `edgeskill model convert ... --out DEST/models`, list them in
+    DEST/skill.toml, then `edgeskill skill build DEST`.
+
+    Examples:
+      edgeskill skill new my-digits --from digits
+    """
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    source = _builtin_skill(template)
+    if dest.exists() or dest.is_symlink():
+        print_error(f"{dest} already exists; give a new folder for the skill")
+        raise typer.Exit(2)
+    if not dest.parent.is_dir():
+        print_error(f"cannot create {dest}: {dest.parent} is not a folder")
+        raise typer.Exit(2)
+    try:  # copied next to DEST, then renamed: DEST appears whole or not at all
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(source, Path(tmp) / "skill", ignore=ignore).rename(dest)
+    except OSError as exc:
+        print_error(f"cannot create {dest}: {exc.strerror or exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"created {escape(str(dest))} from the built-in skill {template}")
+
+
+def _builtin_skill(name: str) -> Path:
+    """The source folder of a built-in skill, from the installed package (not the cwd)."""
+    import skills  # noqa: PLC0415
+
+    library = Path(skills.__file__).resolve().parent / "library"
+    known = sorted(p.name for p in library.iterdir() if (p / "skill.toml").is_file())
+    if name not in known:
+        print_error(f"no built-in skill {name!r}; there is: {', '.join(known)}")
+        raise typer.Exit(2)
+    return library / name
+
+
 @skill_app.command("build")
 def skill_build(
     src: Annotated[
         Path, typer.Argument(help="Skill source folder with skill.toml, control/, models/.")
     ],
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("dist"),
+    fix_hashes: Annotated[
+        bool,
+        typer.Option(
+            "--fix-hashes",
+            help="Use the model files' sha256 and size where skill.toml declares others "
+            "(skill.toml itself is left as it is).",
+        ),
+    ] = False,
+    unchecked_target: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="TARGET",
+            help="Let this target's variants through unchecked when they cannot run here "
+            "(om, TensorRT engines); repeat for more.",
+        ),
+    ] = None,
 ) -> None:
-    """Build a deterministic .skill bundle from a source folder."""
+    """Build a deterministic .skill bundle from a source folder; every model must load and run.
+
+    Examples:
+      edgeskill skill build my-digits --out dist
+      edgeskill skill build my-digits --out dist --fix-hashes
+    """
     from skills.bundle import build_bundle  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
+    from skills.manifest import Manifest, ModelVariant  # noqa: PLC0415
+    from skills.model_check import check_models, parse_unchecked_targets  # noqa: PLC0415
+
+    skipped: list[ModelVariant] = []
+
+    def check(root: Path, manifest: Manifest) -> None:
+        skipped.extend(check_models(root, manifest, unchecked_targets=allowed))
 
     try:
-        path = build_bundle(src, out)
+        allowed = parse_unchecked_targets(unchecked_target or [])
+        path = build_bundle(src, out, fix_hashes=fix_hashes, check=check)
     except SkillError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc
+    for variant in skipped:
+        console.print(
+            f"[bold red]WARNING:[/] {escape(variant.path)} (target {variant.target}) was not "
+            "run: nothing shows it works until a device loads it."
+        )
     console.print(f"built {path}")
 
 
 @skill_app.command("push")
-def skill_push(bundle: Path, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Sign a bundle into the hub's TUF repository, register the version, link its models."""
+def skill_push(
+    bundle: Annotated[Path, typer.Argument(help="The .skill bundle to sign and publish.")],
+    home: HomeOpt = DEFAULT_HOME,
+    unchecked_target: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="TARGET",
+            help="Sign this target's variants unchecked when they cannot run on the hub "
+            "(om, TensorRT engines); repeat for more.",
+        ),
+    ] = None,
+) -> None:
+    """Check every model runs, sign the bundle into the hub's TUF repository, register it.
+
+    Examples:
+      edgeskill skill push dist/digits-1.0.0.skill --home hub
+    """
+    from skills.bundle import read_manifest  # noqa: PLC0415
+    from skills.model_check import uncheckable_reason  # noqa: PLC0415
+
+    allowed = unchecked_target or []
     with _fleet(home) as fleet:
-        published = fleet.skills.publish(bundle)
+        published = fleet.skills.publish(bundle, unchecked_targets=allowed)
+    if allowed:
+        for variant in read_manifest(bundle).models:
+            if variant.target in allowed and uncheckable_reason(variant):
+                console.print(
+                    f"[bold red]WARNING:[/] {escape(variant.path)} (target {variant.target}) "
+                    "was signed without being run: nothing shows it works until a device loads it."
+                )
     rec = published.version
     console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
     if published.linked_artifacts:
@@ -68,10 +180,19 @@ def skill_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 
 
 @groups_app.command("create")
-def groups_create(name: str, selector: str, home: HomeOpt = DEFAULT_HOME) -> None:
+def groups_create(
+    name: Annotated[str, typer.Argument(help="The group's name, used by `deploy create`.")],
+    selector: Annotated[
+        str, typer.Argument(help="Labels such as kind=camera,site=plant-3; omit with --all.")
+    ] = "",
+    all_devices: Annotated[
+        bool, typer.Option("--all", help="Select every device (no SELECTOR).")
+    ] = False,
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
     """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3."""
     with _fleet(home) as fleet:
-        fleet.groups.create(name, selector)
+        fleet.groups.create(name, selector, all_devices=all_devices)
     console.print(f"group {name} = {selector or '(all devices)'}")
 
 
@@ -88,13 +209,106 @@ def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 @devices_app.command("ls")
 def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
     """List devices with their labels, state and skills."""
-    table = Table("device", "labels", "online", "board", "desired gen", "skills")
+    table = Table("device", "labels", "presence", "board", "desired gen", "skills")
     with _fleet(home) as fleet:
         for d in fleet.devices.list():
-            skills = ", ".join(f"{s.name} {s.version} {s.state}" for s in d.reported)
+            skills = ", ".join(_skill_cell(s) for s in d.reported)
             labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-            online = "yes" if d.online else "no"
-            table.add_row(d.device_id, labels, online, d.board, str(d.desired_generation), skills)
+            table.add_row(
+                d.device_id, labels, d.presence, d.board, str(d.desired_generation), skills
+            )
+    console.print(table)
+
+
+def _skill_cell(skill: SkillStateView) -> str:
+    """``name version state``, and for a skill that is not running, the gist of why."""
+    from cloud.service.status import short_reason  # noqa: PLC0415
+
+    text = f"{skill.name} {skill.version or '-'} {skill.state}"
+    if skill.state != "running":
+        wanted = skill.desired_version if skill.desired_version != skill.version else ""
+        why = short_reason(skill.error)
+        text += f" ({', '.join(part for part in (wanted and f'wanted {wanted}', why) if part)})"
+        text = text.removesuffix(" ()")
+    return escape(text)
+
+
+def _when(ms: int, now: int) -> str:
+    """A time in UTC with how long ago it was."""
+    stamp = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{stamp} ({max(now - ms, 0) / 1000:.0f} s ago)"
+
+
+def _print_device(detail: DeviceDetailView, now: int) -> None:
+    d, out = detail.device, console.print
+    profile, targets = d.profile, d.profile.get("targets")
+    hardware = (
+        f"{d.board or '-'}, {profile.get('arch') or '-'}, "
+        f"accelerator {profile.get('accelerator') or 'none'}, "
+        f"targets {','.join(map(str, targets)) if isinstance(targets, list) else '-'}"
+    )
+    reported = "never" if d.reported_generation is None else str(d.reported_generation)
+    out(f"[bold]device {escape(d.device_id)}[/]")
+    out(f"  presence      {d.presence}")
+    out(f"  last seen     {_when(d.last_seen_ms, now)}")
+    out(f"  labels        {escape(','.join(f'{k}={v}' for k, v in sorted(d.labels.items())))}")
+    out(f"  board         {escape(hardware)}")
+    out(f"  agent         {escape(str(profile.get('agent_version') or '-'))}")
+    out(f"  generation    desired {d.desired_generation}, reported {reported}")
+    if detail.reported_ms is not None:
+        out(f"  last report   {_when(detail.reported_ms, now)}")
+    for skill in detail.skills:
+        _print_skill(skill, now)
+    if detail.events:
+        out("[bold]recent events[/]")
+        for e in detail.events:
+            first = e.message.splitlines()[0] if e.message else ""
+            out(f"  {_when(e.at_ms, now)}  {e.kind:<10} {escape(first)}", soft_wrap=True)
+
+
+def _print_skill(s: SkillDetailView, now: int) -> None:
+    out = console.print
+    out(f"[bold]skill {escape(s.name)}[/]")
+    out(f"  desired       {escape(s.desired_version or '(not wanted)')}")
+    state = s.state or "not reported"
+    out(f"  reported      {escape(s.reported_version or '-')} {escape(state)}")
+    if s.variant:
+        out(f"  variant       {escape(s.variant)}")
+    if s.previous_version:
+        out(f"  previous      {escape(s.previous_version)}")
+    if s.error:
+        out("  error")
+        for line in s.error.splitlines():
+            out(f"    {escape(line)}", soft_wrap=True)
+    for e in s.transitions:
+        first = e.message.splitlines()[0] if e.message else ""
+        out(f"  {_when(e.at_ms, now)}  {escape(first)}", soft_wrap=True)
+
+
+@devices_app.command("show")
+def devices_show(
+    device_id: Annotated[str, typer.Argument(help="The device.")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Show one device's whole story: presence, desired against reported, each skill's errors."""
+    from protos.envelope import now_ms  # noqa: PLC0415
+
+    with _fleet(home) as fleet:
+        detail = fleet.devices.show(device_id)
+    _print_device(detail, now_ms())
+
+
+@devices_app.command("telemetry")
+def devices_telemetry(home: HomeOpt = DEFAULT_HOME) -> None:
+    """Show what each device's skills did: inferences, accuracy on labelled input, p50 latency."""
+    table = Table("device", "skill", "version", "inferences", "accuracy", "p50 latency")
+    with _fleet(home) as fleet:
+        for s in fleet.telemetry.summary():
+            accuracy = f"{s.accuracy:.3f}" if s.accuracy is not None else "-"
+            table.add_row(
+                escape(s.device_id), escape(s.skill), escape(s.version), str(s.inferences),
+                accuracy, f"{s.latency_p50_ms:.2f} ms",
+            )  # fmt: skip
     console.print(table)
 
 
@@ -114,36 +328,54 @@ def devices_label(
 
 @deploy_app.command("create")
 def deploy_create(
-    skill: str,
-    version: str,
+    skill: Annotated[str, typer.Argument(help="A pushed skill's name.")],
+    version: Annotated[str, typer.Argument(help="The version to roll out.")],
     group: Annotated[str, typer.Option(help="Target group.")],
     config: Annotated[
-        list[str] | None, typer.Option(help="Skill config k=v; repeat for more.")
+        list[str] | None,
+        typer.Option(metavar="K=V[,K=V]", help="Skill config k=v[,k=v]; repeat for more."),
     ] = None,
     strategy: Annotated[
         str, typer.Option(help="Rollout strategy; all-at-once is the only one so far.")
     ] = "all-at-once",
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Deploy SKILL VERSION to every device of a group (all at once)."""
-    cfg = dict(item.split("=", 1) for item in (config or []) if "=" in item)
+    """Deploy SKILL VERSION to every device of a group (all at once).
+
+    Examples:
+      edgeskill deploy create digits 1.0.0 --group cameras --home hub
+      edgeskill deploy create digits 1.0.0 --group cameras --config min_confidence=0.8 --home hub
+    """
     with _fleet(home) as fleet:
-        dep = fleet.deployments.create(skill, version, group, strategy=strategy, config=cfg)
+        dep = fleet.deployments.create(
+            skill, version, group, strategy=strategy, config=config or []
+        )
     console.print(f"deployment {dep.id}: {skill} {version} -> {group}")
 
 
 @deploy_app.command("status")
 def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
-    """List deployments and their state."""
-    table = Table("id", "skill", "version", "group", "strategy", "state")
+    """List deployments with their state computed from their devices, and why they failed."""
+    from cloud.service.status import short_reason  # noqa: PLC0415
+
+    table = Table("id", "skill", "version", "group", "strategy", "state", "ok/failed/pending")
+    table.add_column("first failure", overflow="fold")
     with _fleet(home) as fleet:
-        for d in fleet.deployments.list():
-            table.add_row(str(d.id), d.skill, d.version, d.group, d.strategy, d.state)
+        for st in fleet.deployments.status():
+            d, failed = st.deployment, st.first_failure
+            waiting = st.total - st.count("succeeded") - st.count("failed")
+            counts = f"{st.count('succeeded')}/{st.count('failed')}/{waiting} of {st.total}"
+            why = f"{failed.device_id}: {short_reason(failed.reason, 80)}" if failed else ""
+            row = (str(d.id), d.skill, d.version, d.group, d.strategy, st.state, counts, why)
+            table.add_row(*(escape(cell) for cell in row))
     console.print(table)
 
 
 @deploy_app.command("abort")
-def deploy_abort(deployment_id: int, home: HomeOpt = DEFAULT_HOME) -> None:
+def deploy_abort(
+    deployment_id: Annotated[int, typer.Argument(help="The deployment, as `deploy status` lists.")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
     """Abort a deployment; its devices fall back to the previous deployment's version."""
     with _fleet(home) as fleet:
         dep = fleet.deployments.abort(deployment_id)

@@ -124,12 +124,15 @@ def hub_init(
 
     The CA, the hub's certificate, its MQTT client certificate and an empty CRL
     go in HOME/pki; gRPC then serves mutual TLS and devices enrol with claim tokens.
+
+    Examples:
+      edgeskill hub init --home hub
+      edgeskill hub init --home hub --grpc-bind 0.0.0.0:7443 --server-name hub.example.org
+      edgeskill hub init --home hub --store-url postgresql://hub@db/edgeskill
     """
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.hub import Hub  # noqa: PLC0415
 
-    if insecure:
-        _warn_insecure()
     try:
         tls = _tls_files(tls_cert, tls_key, client_ca)
         hub = Hub.init(
@@ -148,6 +151,8 @@ def hub_init(
         print_error(str(exc))
         raise typer.Exit(2) from exc
     hub.close()
+    if insecure:
+        _warn_insecure()
     console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
     if not root_key:
         console.print(
@@ -176,20 +181,52 @@ def hub_serve(
     client_ca: ClientCaOpt = None,
     metrics_bind: MetricsBindOpt = None,
     insecure: InsecureOpt = False,
-    verbose: bool = False,
+    heartbeat: Annotated[
+        str,
+        typer.Option(
+            metavar="SECONDS",
+            help="How often devices send a heartbeat (1 to 300); one silent for two is offline.",
+        ),
+    ] = "5",
+    verbose: Annotated[
+        bool, typer.Option(help="Log debug lines, and the libraries' INFO lines too.")
+    ] = False,
 ) -> None:
     """Serve devices over gRPC (and MQTT when a broker is configured) until interrupted.
 
     gRPC speaks mutual TLS with the files `hub init` made, unless --insecure.
+
+    Examples:
+      edgeskill hub serve --home hub
+      edgeskill hub serve --home hub --metrics-bind 127.0.0.1:9464
+      edgeskill hub serve --home hub --mqtt "mqtts://127.0.0.1:8883/edgeskill/v1?ca=..."
     """
+    from cloud.errors import HubError, TransportError  # noqa: PLC0415
+    from cloud.hub import CONFIG_FILE, plan_serve  # noqa: PLC0415
+    from cloud.presence import heartbeat_seconds  # noqa: PLC0415
+
     _setup_logging(verbose)
+    try:  # before the home is opened, so a refused serve changes nothing
+        heartbeat_s = heartbeat_seconds(heartbeat)
+        tls = _tls_files(tls_cert, tls_key, client_ca)
+        plan_serve(home, None, grpc_bind, mqtt, tls, metrics_bind, insecure or None)
+    except (HubError, TransportError) as exc:
+        missing = not (home / CONFIG_FILE).exists()
+        hint = f". Run `edgeskill hub init --home {home}` first." if missing else ""
+        print_error(f"{exc}{hint}")
+        raise typer.Exit(2) from exc
     with _hub(home) as hub:
         if insecure or hub.config.insecure:
             _warn_insecure()
-        tls = _tls_files(tls_cert, tls_key, client_ca)
         _run_until_signal(
             lambda stop: hub.serve(
-                stop, grpc_bind, mqtt, tls, metrics_bind, insecure=insecure or None
+                stop,
+                grpc_bind,
+                mqtt,
+                tls,
+                metrics_bind,
+                insecure=insecure or None,
+                heartbeat_s=heartbeat_s,
             )
         )
 
@@ -261,3 +298,63 @@ def hub_revoke(
     with _fleet(home) as fleet:
         crl = fleet.identity.revoke(device_id)
     console.print(f"revoked {device_id}; CRL written to {crl}")
+
+
+def _event_line(event: Any) -> str:
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    stamp = datetime.fromtimestamp(event.at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    device = event.device_id or "-"
+    return f"{event.id:>8} {stamp} {event.kind:<10} {device:<20} {event.message}"
+
+
+@app.command("events")
+def hub_events(
+    device: Annotated[
+        str | None, typer.Option(metavar="ID", help="Only this device's events.")
+    ] = None,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KIND", help="Only events of this kind: deployment, device, security or skill."
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(metavar="N", help="How many of the latest events to show (1..10000).")
+    ] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
+    ] = False,
+    poll: Annotated[
+        float, typer.Option(metavar="SECONDS", help="With --follow, how often to look.")
+    ] = 1.0,
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Show the hub's recent events (deployments, skill state changes, devices, refusals).
+
+    Example: edgeskill hub events --device cam-1 --kind skill --follow
+    """
+    import time  # noqa: PLC0415
+
+    from rich.markup import escape  # noqa: PLC0415
+
+    if not 0.05 <= poll <= 60:
+        print_error(f"--poll {poll} is not in 0.05..60 seconds")
+        raise typer.Exit(2)
+    with _fleet(home) as fleet:
+        shown = fleet.events.recent(device_id=device, kind=kind, limit=limit)
+        for event in shown:
+            console.print(escape(_event_line(event)), soft_wrap=True)
+        last = shown[-1].id if shown else _newest_id(fleet)
+        with contextlib.suppress(KeyboardInterrupt):
+            while follow:
+                time.sleep(poll)
+                for event in fleet.events.after(last, device_id=device, kind=kind):
+                    console.print(escape(_event_line(event)), soft_wrap=True)
+                    last = event.id
+
+
+def _newest_id(fleet: Any) -> int:
+    """The id of the newest event of any kind (0 when there is none), to follow from."""
+    newest = fleet.events.recent(limit=1)
+    return newest[-1].id if newest else 0

@@ -87,10 +87,10 @@ def train(
         str | None, typer.Option(help="Name of the --dataset-dir data set (default: folder).")
     ] = None,
     arch: Annotated[str, typer.Option(help="digits-cnn or mobilenet.")] = "digits-cnn",
-    epochs: int = 8,
-    lr: float = 0.01,
-    batch_size: int = 64,
-    seed: int = 0,
+    epochs: Annotated[int, typer.Option(help="Passes over the training split.")] = 8,
+    lr: Annotated[float, typer.Option(help="Learning rate (Adam).")] = 0.01,
+    batch_size: Annotated[int, typer.Option(help="Images per training step.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and the data split.")] = 0,
     width: Annotated[float, typer.Option(help="MobileNet width multiplier.")] = 1.0,
     image_size: Annotated[
         int | None, typer.Option(help="Side images are resized to (default 8 or 32).")
@@ -105,7 +105,13 @@ def train(
     ),
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Train a model in a separate job process (checkpoint every epoch, resumable)."""
+    """Train a model in a separate job process (checkpoint every epoch, resumable).
+
+    Examples:
+      edgeskill model train --home hub
+      edgeskill model train --arch mobilenet --dataset-dir photos/ --epochs 20 --home hub
+      edgeskill model train --resume 3 --home hub
+    """
     with _factory(home) as factory:
         if resume is not None:
             job = factory.tables.get_job(resume)
@@ -260,11 +266,40 @@ def import_model(
 
 
 @app.command("link")
-def link(skill: str, version: str, home: HomeOpt = DEFAULT_HOME) -> None:
+def link(
+    skill: Annotated[str, typer.Argument(help="The pushed skill's name.")],
+    version: Annotated[str, typer.Argument(help="Its version.")],
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
     """Link a pushed skill version to the model artefacts its bundle ships (by sha256)."""
     with _factory(home) as factory:
         linked = factory.link_skill_version(skill, version)
     console.print(f"{skill} {version} ships {len(linked)} registered artefact(s)")
+
+
+@app.command("sample-stream")
+def sample_stream(
+    model: Annotated[str, typer.Argument(help="Model id or name.")],
+    out: Annotated[
+        Path, typer.Option(help="The .npz file to write (x, y), for `agent run --source`.")
+    ] = Path("stream.npz"),
+    home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Write the model's held-out test images, labelled, as a stream a device can replay.
+
+    Examples:
+      edgeskill model sample-stream 1 --home hub --out digits-stream.npz
+      edgeskill agent run ... --source digits-stream.npz --source-loop
+    """
+    from edgeskill._common import write_holdout_stream  # noqa: PLC0415
+
+    with _factory(home) as factory:
+        try:
+            count = write_holdout_stream(factory, model, out)
+        except OSError as exc:
+            print_error(f"cannot write {out}: {exc.strerror or exc}")
+            raise typer.Exit(2) from exc
+    console.print(f"wrote {out}: {count} held-out images with their labels")
 
 
 # -- listing -------------------------------------------------------------------

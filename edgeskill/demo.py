@@ -28,13 +28,13 @@ from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from cloud.errors import HubError
 from cloud.service import FleetService
+from edgeskill._common import write_holdout_stream
 from edgeskill.processes import (
     Fleet,
     agent_args,
@@ -140,7 +140,6 @@ def _keep_running(console: Console, work: Path, hub_url: str, *fleets: Fleet) ->
 def _build_and_publish(console: Console, service: FleetService, work: Path) -> tuple[Path, int]:
     """Train, compress, convert, bundle and publish ``digits``; returns the held-out stream."""
     from cloud.models.bundles import package_skill  # noqa: PLC0415
-    from cloud.models.datasets import load_split  # noqa: PLC0415 - torch
     from cloud.models.worker import run_worker  # noqa: PLC0415 - torch
     from converters.pipeline import CompressOptions  # noqa: PLC0415 - torch
 
@@ -167,10 +166,8 @@ def _build_and_publish(console: Console, service: FleetService, work: Path) -> t
         f"built and signed {rec.target_name} ({rec.size} bytes), "
         f"{published.linked_artifacts} model artefacts linked"
     )
-    data = load_split(service.home, dataset, image_size=model.image_size, seed=model.split_seed)
     holdout = work / "holdout.npz"
-    np.savez(holdout, x=data.test.x.astype(np.float32), y=data.test.y.astype(np.int64))
-    return holdout, len(data.test.x)
+    return holdout, write_holdout_stream(factory, model.id, holdout)
 
 
 def _identity_args(service: FleetService, labels: list[str]) -> list[str]:

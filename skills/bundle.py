@@ -19,6 +19,7 @@ import hashlib
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from skills.archive import DEFAULT_LIMITS, ArchiveLimits, read_member, safe_extract, write_archive
@@ -119,6 +120,31 @@ def _measured(root: Path, variant: ModelVariant) -> ModelVariant:
     )
 
 
+def _filled_in(root: Path, variant: ModelVariant, *, fix_hashes: bool) -> ModelVariant:
+    """The variant with its file's sha256 and size; a declared value must match unless fixing.
+
+    Raises:
+        BundleError: The file is missing, or ``skill.toml`` declares a sha256 or size the
+            file does not have (and ``fix_hashes`` is false).
+    """
+    actual = _measured(root, variant)
+    if fix_hashes:
+        return actual
+    if variant.sha256 and variant.sha256 != actual.sha256:
+        raise BundleError(
+            f"{variant.path}: {MANIFEST_NAME} declares sha256 {variant.sha256} but the file's "
+            f"is {actual.sha256}; correct {MANIFEST_NAME}, or build with --fix-hashes to use "
+            "the file's"
+        )
+    if variant.size and variant.size != actual.size:
+        raise BundleError(
+            f"{variant.path}: {MANIFEST_NAME} declares size {variant.size} but the file has "
+            f"{actual.size} bytes; correct {MANIFEST_NAME}, or build with --fix-hashes to use "
+            "the file's"
+        )
+    return actual
+
+
 class _Skipper:
     """Leaves Python caches and, when it lies inside the source, the output folder out."""
 
@@ -138,17 +164,28 @@ def _build_skipper(src_dir: Path, out_dir: Path) -> _Skipper:
     return _Skipper(inside)
 
 
-def build_bundle(src_dir: Path, out_dir: Path) -> Path:
+def build_bundle(
+    src_dir: Path,
+    out_dir: Path,
+    *,
+    fix_hashes: bool = False,
+    check: Callable[[Path, Manifest], object] | None = None,
+) -> Path:
     """Build ``out_dir/<name>-<version>.skill`` from a skill source folder.
 
     The sha256 and size of every model variant are measured from the files and written
-    into the archived ``skill.toml``; ``src_dir`` itself is not modified. The same
-    folder always gives the same bytes. ``__pycache__`` folders and ``.pyc`` files are
-    left out, and so is ``out_dir`` when it lies inside ``src_dir``.
+    into the archived ``skill.toml``; ``src_dir`` itself is not modified. A sha256 or
+    size that ``skill.toml`` leaves out is filled in; one it declares must match the
+    file, unless ``fix_hashes`` says to take the file's. The same folder always gives
+    the same bytes. ``__pycache__`` folders and ``.pyc`` files are left out, and so is
+    ``out_dir`` when it lies inside ``src_dir``.
 
     Args:
         src_dir: Folder with ``skill.toml``, ``control/``, ``models/`` and data files.
         out_dir: Folder for the bundle; created if missing.
+        fix_hashes: Replace a declared sha256 or size that does not match its file.
+        check: Called with ``src_dir`` and the completed manifest before anything is
+            written (a model check, for instance); what it raises ends the build.
 
     Returns:
         The path of the written bundle.
@@ -156,12 +193,16 @@ def build_bundle(src_dir: Path, out_dir: Path) -> Path:
     Raises:
         ManifestError: If ``skill.toml`` is invalid.
         BundleError: If ``skill.toml``, a model file, the entrypoint module or the
-            reference file is missing.
+            reference file is missing, or a declared sha256 or size does not match.
         ArchiveError: If the folder holds links or special files, or writing fails.
     """
     manifest = _load_manifest(src_dir)
     _check_layout(src_dir, manifest)
-    built = manifest.with_models([_measured(src_dir, v) for v in manifest.models])
+    built = manifest.with_models(
+        [_filled_in(src_dir, v, fix_hashes=fix_hashes) for v in manifest.models]
+    )
+    if check is not None:
+        check(src_dir, built)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / bundle_filename(built)
     write_archive(

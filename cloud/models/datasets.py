@@ -7,6 +7,7 @@ folder make a new version, and training always reads exactly what was hashed.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -94,9 +95,15 @@ def register_folder(
 
 
 def _snapshot(folder: Path, root: Path, caps: DatasetCaps | None) -> tuple[Path, ImageDataset]:
+    """Copy and decode ``folder`` under ``root``; a refused folder leaves nothing behind."""
     entries = list_image_folder(folder, caps)
+    made_root = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=root, prefix=".stage-"))
+    try:
+        stage = Path(tempfile.mkdtemp(dir=root, prefix=".stage-"))
+    except BaseException:
+        _drop_if_empty(root, made_root)
+        raise
     try:
         for class_name, path in entries:
             (stage / class_name).mkdir(exist_ok=True)
@@ -110,8 +117,16 @@ def _snapshot(folder: Path, root: Path, caps: DatasetCaps | None) -> tuple[Path,
             stage.rename(final)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        _drop_if_empty(root, made_root)
         raise
     return final, data
+
+
+def _drop_if_empty(root: Path, made: bool) -> None:
+    """Remove the data set folder this call made, unless another snapshot landed in it."""
+    if made:
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def dataset_source(home: Path, dataset: DatasetRecord) -> str:

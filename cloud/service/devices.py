@@ -3,43 +3,89 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from cloud.enrolment import Enroller
 from cloud.errors import NotFoundError, StoreError, ValidationError
+from cloud.presence import presence
 from cloud.selectors import check_labels, matches, parse_selector
-from cloud.service.views import DeviceView, GroupView, SkillStateView
-from cloud.store import DeviceStateRecord, GroupRecord, Store
+from cloud.service.views import (
+    DeviceDetailView,
+    DeviceView,
+    EventView,
+    GroupView,
+    SkillDetailView,
+    SkillStateView,
+)
+from cloud.store import DeviceStateRecord, GroupRecord, ReportedRecord, Store
+from cloud.store.events import EVENT_SKILL
+from protos.envelope import now_ms
 
 __all__ = ["DeviceService", "GroupService", "IdentityService"]
 
 
-def _device_view(state: DeviceStateRecord) -> DeviceView:
+def _device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
     device, report = state.device, state.reported
+    seen = presence(device.last_seen_ms, device.heartbeat_ms, device.online, now_ms)
     skills = tuple(
-        SkillStateView(s.name, s.version, s.state, s.error, s.variant)
+        SkillStateView(
+            s.name, s.version, s.state, s.error, s.variant, s.desired_version, s.previous_version
+        )
         for s in (report.skills if report else ())
     )
     return DeviceView(
         device_id=device.device_id,
         labels=dict(device.labels),
-        online=device.online,
+        online=seen == "online",
         board=str(device.profile.get("board", "")),
         last_seen_ms=device.last_seen_ms,
         desired_generation=state.desired_generation,
         reported_generation=report.generation if report else None,
         reported=skills,
         profile=dict(device.profile),
+        presence=seen,
+        heartbeat_ms=device.heartbeat_ms,
     )
+
+
+#: The latest skill events of a device read to find each skill's last transitions.
+_HISTORY = 200
+
+
+def _skill_details(
+    desired: Mapping[str, str],
+    report: ReportedRecord | None,
+    history: Sequence[EventView],
+    keep: int,
+) -> tuple[SkillDetailView, ...]:
+    reported = {s.name: s for s in (report.skills if report else ())}
+    details = []
+    for name in sorted(desired.keys() | reported.keys()):
+        s = reported.get(name)
+        changes = tuple(e for e in history if e.subject == name)[-keep:] if keep > 0 else ()
+        details.append(
+            SkillDetailView(
+                name=name,
+                desired_version=desired.get(name, ""),
+                reported_version=s.version if s else "",
+                state=s.state if s else "",
+                error=s.error if s else "",
+                variant=s.variant if s else "",
+                previous_version=s.previous_version if s else "",
+                transitions=changes,
+            )
+        )
+    return tuple(details)
 
 
 class DeviceService:
     """Devices as the hub knows them: labels, presence, desired and reported state."""
 
-    def __init__(self, store: Store) -> None:
-        """Serve devices from ``store``."""
+    def __init__(self, store: Store, clock: Callable[[], int] = now_ms) -> None:
+        """Serve devices from ``store``; ``clock`` (wall-clock milliseconds) judges presence."""
         self._store = store
+        self._clock = clock
 
     def list(self, selector: Mapping[str, str] | str | None = None) -> list[DeviceView]:
         """Every device ``selector`` selects (all by default), by id.
@@ -54,7 +100,9 @@ class DeviceService:
             StoreError: The store failed or holds corrupt data.
         """
         wanted = parse_selector(selector) if isinstance(selector, str) else selector
-        return [_device_view(s) for s in self._store.device_states(check_labels(wanted or {}))]
+        states = self._store.device_states(check_labels(wanted or {}))
+        now = self._clock()
+        return [_device_view(s, now) for s in states]
 
     def get(self, device_id: str) -> DeviceView:
         """One device.
@@ -66,7 +114,26 @@ class DeviceService:
         found = self._store.device_states(device_id=device_id)
         if not found:
             raise NotFoundError(f"no device {device_id!r}")
-        return _device_view(found[0])
+        return _device_view(found[0], self._clock())
+
+    def show(self, device_id: str, *, transitions: int = 5) -> DeviceDetailView:
+        """The whole story of one device: desired against reported, per skill, with history.
+
+        Args:
+            device_id: The device.
+            transitions: How many of each skill's latest state changes to include.
+
+        Raises:
+            NotFoundError: No device of that id ever registered.
+            StoreError: The store failed or holds corrupt data.
+        """
+        view = self.get(device_id)
+        desired = {s.name: s.version for s in self._store.desired_for(device_id).skills}
+        report = self._store.reported_for(device_id)
+        history = self._store.events(device_id=device_id, kind=EVENT_SKILL, limit=_HISTORY)
+        recent = self._store.events(device_id=device_id, limit=10)
+        skills = _skill_details(desired, report, history, transitions)
+        return DeviceDetailView(view, report.reported_ms if report else None, skills, tuple(recent))
 
     def label(self, device_id: str, labels: Mapping[str, str] | str) -> DeviceView:
         """Replace a device's labels; its desired state follows at once.
@@ -139,14 +206,34 @@ class GroupService:
         """Serve groups from ``store``."""
         self._store = store
 
-    def create(self, name: str, selector: str) -> GroupView:
+    def create(self, name: str, selector: str, *, all_devices: bool = False) -> GroupView:
         """Create a group; its selector is stored in canonical form.
 
+        A group of every device must be asked for: an empty selector is refused
+        unless ``all_devices`` is set, and ``all_devices`` takes no selector.
+
+        Args:
+            name: The group's name.
+            selector: Labels such as ``kind=camera,site=plant-3``.
+            all_devices: Select every device (``selector`` must be empty).
+
         Raises:
-            ValidationError: A malformed name or selector.
+            ValidationError: A malformed name or selector, an empty selector without
+                ``all_devices``, or a selector with it.
             ConflictError: A group of that name exists.
             StoreError: The store failed.
         """
+        labels = parse_selector(selector)
+        if all_devices and labels:
+            raise ValidationError(
+                f"a group of all devices takes no selector, got {selector!r}; "
+                "drop the selector or --all"
+            )
+        if not all_devices and not labels:
+            raise ValidationError(
+                f"empty selector {selector!r} would select every device; give labels such as "
+                "kind=camera, or --all to mean every device"
+            )
         group = self._store.create_group(name, selector)
         return self._view([group])[0]
 

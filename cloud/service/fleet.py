@@ -11,6 +11,7 @@ from cloud.hub import Hub, HubConfig, TlsFiles
 from cloud.models import ModelFactory
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService, IdentityService
+from cloud.service.events import EventService
 from cloud.service.skills import SkillService
 from cloud.service.telemetry import TelemetryService
 from protos.envelope import now_ms
@@ -19,7 +20,7 @@ __all__ = ["FleetService"]
 
 
 class FleetService:
-    """Devices, groups, skills, deployments, telemetry and models of one hub.
+    """Devices, groups, skills, deployments, telemetry, events and models of one hub.
 
     Open it with :meth:`open` (or :meth:`init` for a new hub) and close it when
     done; it is a context manager. Every method raises only :class:`cloud.errors.HubError`
@@ -29,10 +30,11 @@ class FleetService:
     def __init__(self, hub: Hub, *, clock: Callable[[], int] = now_ms) -> None:
         """Serve the opened ``hub``; ``clock`` gives the milliseconds records are stamped with."""
         self._hub = hub
-        self.devices = DeviceService(hub.store)
+        self.devices = DeviceService(hub.store, clock)
         self.groups = GroupService(hub.store)
         self.skills = SkillService(hub.store, hub.trust, clock)
-        self.deployments = DeploymentService(hub.store, clock)
+        self.deployments = DeploymentService(hub.store, clock, devices=self.devices)
+        self.events = EventService(hub.store)
         self.telemetry = TelemetryService(hub.store)
         self.identity = IdentityService(hub.home)
 

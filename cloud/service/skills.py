@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from cloud.errors import ConflictError, NotFoundError, ValidationError
@@ -12,6 +12,7 @@ from cloud.store import SkillVersionRecord, Store
 from cloud.store.models import ModelTables
 from skills.bundle import read_manifest
 from skills.errors import SkillError
+from skills.model_check import check_bundle, parse_unchecked_targets
 from skills.trust import TrustRepository
 
 __all__ = ["SkillService", "version_view"]
@@ -42,24 +43,33 @@ class SkillService:
         self._clock = clock
         self._models = ModelTables(store.engine)
 
-    def publish(self, bundle: Path) -> PublishedSkill:
-        """Sign a built bundle into the TUF repository, record the version, link its models.
+    def publish(self, bundle: Path, *, unchecked_targets: Collection[str] = ()) -> PublishedSkill:
+        """Check a built bundle's models, sign it into the TUF repository, record it, link them.
 
-        Versions are immutable: publishing the same bundle again changes nothing;
-        other content under a published name and version is refused before
-        anything is signed.
+        Every model variant must load in its runtime and run once on a sample
+        input (:mod:`skills.model_check`) before anything is signed; a variant
+        that cannot run on the hub (``om``, a TensorRT engine) passes only when
+        its target is in ``unchecked_targets``. Versions are immutable:
+        publishing the same bundle again changes nothing; other content under a
+        published name and version is refused before anything is signed.
 
         Raises:
-            ValidationError: The bundle is unreadable or malformed.
+            ValidationError: The bundle is unreadable or malformed, or a model
+                fails its check.
             ConflictError: This name and version exist with other content.
             StoreError: The store failed.
         """
         try:
+            allowed = parse_unchecked_targets(unchecked_targets)
             manifest = read_manifest(bundle)
             digest = _sha256(bundle)
         except (SkillError, OSError) as exc:
             raise ValidationError(f"cannot publish {bundle}: {exc}") from exc
         self._refuse_other_content(manifest.name, manifest.version, digest)
+        try:
+            check_bundle(bundle, unchecked_targets=allowed)
+        except (SkillError, OSError) as exc:
+            raise ValidationError(f"cannot publish {bundle.name}: {exc}") from exc
         target_name = f"{manifest.name}/{manifest.name}-{manifest.version}.skill"
         try:
             ref = self._trust.add_target(target_name, bundle)

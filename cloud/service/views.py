@@ -8,13 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cloud.store.records import DeviceSkillSummary
+from cloud.store.records import DeviceSkillSummary, EventRecord
 
 __all__ = [
+    "DeploymentStatusView",
     "DeploymentView",
+    "DeviceDetailView",
+    "DeviceRolloutView",
     "DeviceView",
+    "EventView",
     "GroupView",
     "PublishedSkill",
+    "SkillDetailView",
     "SkillStateView",
     "SkillVersionView",
     "TelemetrySummaryView",
@@ -30,6 +35,10 @@ class SkillStateView:
     state: str
     error: str = ""
     variant: str = ""
+    #: The version the device was asked for when it reported ('' when not said).
+    desired_version: str = ""
+    #: The version it ran before (after a rollback: the version that failed).
+    previous_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,9 @@ class DeviceView:
     """A device with its labels, presence, hardware and state.
 
     ``desired_generation`` is 0 until the hub wanted something on the device;
-    ``reported`` is empty until the device reported.
+    ``reported`` is empty until the device reported. ``presence`` (and
+    ``online``, the same as a bool) is derived when the view is made, from
+    ``last_seen_ms`` and ``heartbeat_ms`` (see :mod:`cloud.presence`).
     """
 
     device_id: str
@@ -49,6 +60,10 @@ class DeviceView:
     reported_generation: int | None
     reported: tuple[SkillStateView, ...] = ()
     profile: Mapping[str, object] = field(default_factory=dict)
+    #: ``"online"`` or ``"offline"``.
+    presence: str = "offline"
+    #: The heartbeat interval the hub gave the device (0: not known yet; 5 s is assumed).
+    heartbeat_ms: int = 0
 
     def skill(self, name: str) -> SkillStateView | None:
         """The reported state of one skill, or None when the device did not report it."""
@@ -101,3 +116,78 @@ class DeploymentView:
 #: Telemetry of one skill on one device, summed over every window: already a frozen
 #: record the store computes, so the service hands it out as it is.
 TelemetrySummaryView = DeviceSkillSummary
+
+
+#: One entry of the hub's event log: already a frozen record, handed out as it is.
+EventView = EventRecord
+
+
+@dataclass(frozen=True)
+class SkillDetailView:
+    """One skill on one device: what the hub wants against what the device says.
+
+    ``desired_version`` is '' when the hub no longer wants the skill there;
+    ``reported_version`` and ``state`` are '' until the device reported it.
+    ``transitions`` are its last state changes on the device, oldest first.
+    """
+
+    name: str
+    desired_version: str
+    reported_version: str
+    state: str
+    error: str = ""
+    variant: str = ""
+    previous_version: str = ""
+    transitions: tuple[EventView, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceDetailView:
+    """The whole story of one device: itself, each skill, and its latest events."""
+
+    device: DeviceView
+    #: When the device made its latest report (None: it never reported).
+    reported_ms: int | None
+    skills: tuple[SkillDetailView, ...]
+    #: The device's latest events of every kind, oldest first.
+    events: tuple[EventView, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceRolloutView:
+    """Where one target device of a deployment stands.
+
+    ``status`` is ``pending``, ``in progress``, ``succeeded``, ``failed`` or
+    ``offline``; ``reason`` is the device's error when it failed.
+    """
+
+    device_id: str
+    status: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DeploymentStatusView:
+    """A deployment with its state computed from the devices its group selects now.
+
+    ``state`` is ``pending``, ``in progress``, ``succeeded``, ``partially failed``,
+    ``failed``, ``superseded`` or ``aborted`` (see :mod:`cloud.service.status`).
+    """
+
+    deployment: DeploymentView
+    state: str
+    devices: tuple[DeviceRolloutView, ...]
+
+    def count(self, status: str) -> int:
+        """How many target devices have this status."""
+        return sum(d.status == status for d in self.devices)
+
+    @property
+    def total(self) -> int:
+        """How many devices the group selects now."""
+        return len(self.devices)
+
+    @property
+    def first_failure(self) -> DeviceRolloutView | None:
+        """The first failed device (by id), or None."""
+        return next((d for d in self.devices if d.status == "failed"), None)

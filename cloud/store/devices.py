@@ -6,9 +6,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, select, update
+from sqlalchemy import Connection, Row, case, delete, func, select, update
 
 from cloud.errors import ConflictError, NotFoundError
+from cloud.presence import online_clause
 from cloud.selectors import check_labels, format_selector, parse_selector
 from cloud.store import checks as check
 from cloud.store.base import StoreBase
@@ -22,7 +23,12 @@ __all__ = ["DeviceTables", "device_record"]
 def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
     """Turn a ``devices`` row and the device's labels into a record."""
     return DeviceRecord(
-        row.device_id, labels, json.loads(row.profile), row.last_seen_ms, row.online
+        row.device_id,
+        labels,
+        json.loads(row.profile),
+        row.last_seen_ms,
+        row.online,
+        row.heartbeat_ms,
     )
 
 
@@ -50,22 +56,37 @@ class DeviceTables(StoreBase):
         profile: Mapping[str, object],
         *,
         now_ms: int,
+        heartbeat_ms: int = 0,
     ) -> DeviceRecord:
-        """Insert or update a device, mark it online and recompute its desired state.
+        """Insert or update a device, mark it connected and recompute its desired state.
 
         ``labels`` are stored only for a device the hub did not know: a device
         that registers again keeps the labels the hub gave it (at enrolment or
         through :meth:`set_device_labels`), whatever it sends.
 
+        Args:
+            device_id: the device.
+            labels: its labels, kept only for a device the hub did not know.
+            profile: its hardware profile.
+            now_ms: when it registered (its last-seen time from now on).
+            heartbeat_ms: the heartbeat interval the hub gave it (0: not known);
+                its presence is derived from it (:mod:`cloud.presence`).
+
         Raises:
-            ValidationError: A malformed id, label or profile, or a profile over the cap.
+            ValidationError: A malformed id, label, profile or interval, or a profile over the cap.
             StoreError: The database failed.
         """
         check.device_id(device_id)
         labels = check_labels(labels)
         profile_text = check.profile_json(profile)
         check.counter(now_ms, "now_ms")
-        values = {"profile": profile_text, "last_seen_ms": now_ms, "online": True}
+        check.counter(heartbeat_ms, "heartbeat_ms")
+        values = {
+            "profile": profile_text,
+            "last_seen_ms": now_ms,
+            "online": True,
+            "heartbeat_ms": heartbeat_ms,
+        }
         insert = self._dialect.insert(devices).values(device_id=device_id, **values)
         with self._tx(write=True, lock="shared") as conn:
             added = conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
@@ -77,7 +98,7 @@ class DeviceTables(StoreBase):
                 )
                 labels = _read_labels(conn, device_id)
             recompute(conn, devices.c.device_id == device_id)
-        return DeviceRecord(device_id, labels, json.loads(profile_text), now_ms, True)
+        return DeviceRecord(device_id, labels, json.loads(profile_text), now_ms, True, heartbeat_ms)
 
     def enroll_device(self, device_id: str, labels: Mapping[str, str], *, now_ms: int) -> None:
         """Record an enrolled device with the labels its claim gave it, before it connects.
@@ -120,7 +141,10 @@ class DeviceTables(StoreBase):
         return device_record(row, dict(labels))
 
     def touch_device(self, device_id: str, *, now_ms: int, online: bool | None = None) -> None:
-        """Record that a device was heard from, optionally changing its presence.
+        """Record that a device was heard from (its last message), optionally setting ``online``.
+
+        ``online`` is the connected flag: whether a device is online is derived
+        from it, ``last_seen_ms`` and ``heartbeat_ms`` (:mod:`cloud.presence`).
 
         Raises:
             ValidationError: A malformed id or time.
@@ -136,6 +160,42 @@ class DeviceTables(StoreBase):
         with self._tx(write=True) as conn:
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"no device {device_id!r}")
+
+    def set_device_connected(self, device_id: str, *, connected: bool) -> None:
+        """Record that a device's connection began or ended, leaving its last-seen time.
+
+        For what the hub learns about a connection rather than hears from the
+        device itself (a stream that closed, a broker's retained or last-will
+        status): such news must not make a silent device look fresh.
+
+        Raises:
+            ValidationError: A malformed id.
+            NotFoundError: The device never registered.
+            StoreError: The database failed.
+        """
+        check.device_id(device_id)
+        stmt = (
+            update(devices).where(devices.c.device_id == device_id).values(online=bool(connected))
+        )
+        with self._tx(write=True) as conn:
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(f"no device {device_id!r}")
+
+    def count_devices(self, *, now_ms: int) -> tuple[int, int]:
+        """How many devices the hub knows, and how many of them are online at ``now_ms``.
+
+        Online by the rule of :func:`cloud.presence.presence`, counted in the database.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        online = online_clause(
+            devices.c.last_seen_ms, devices.c.heartbeat_ms, devices.c.online, now_ms
+        )
+        query = select(func.count(), func.coalesce(func.sum(case((online, 1), else_=0)), 0))
+        with self._tx() as conn:
+            known, counted = conn.execute(query).one()
+        return int(known), int(counted)
 
     def get_device(self, device_id: str) -> DeviceRecord | None:
         """Return one device, or None if it never registered.

@@ -10,12 +10,14 @@ __all__ = [
     "DEPLOYMENT_ABORTED",
     "DEPLOYMENT_ACTIVE",
     "DEPLOYMENT_STATES",
+    "DEPLOYMENT_SUPERSEDED",
     "DeploymentRecord",
     "DesiredRecord",
     "DesiredSkill",
     "DeviceRecord",
     "DeviceSkillSummary",
     "DeviceStateRecord",
+    "EventRecord",
     "GroupRecord",
     "InstructionRecord",
     "ReportedRecord",
@@ -27,7 +29,9 @@ __all__ = [
 
 DEPLOYMENT_ACTIVE = "active"
 DEPLOYMENT_ABORTED = "aborted"
-DEPLOYMENT_STATES = (DEPLOYMENT_ACTIVE, DEPLOYMENT_ABORTED)
+#: A newer deployment of the same skill on the same group took this one's place.
+DEPLOYMENT_SUPERSEDED = "superseded"
+DEPLOYMENT_STATES = (DEPLOYMENT_ACTIVE, DEPLOYMENT_ABORTED, DEPLOYMENT_SUPERSEDED)
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,10 @@ class DeviceRecord:
     labels: dict[str, str]
     profile: dict[str, object]
     last_seen_ms: int
+    #: The connected flag; whether the device is online is derived (:mod:`cloud.presence`).
     online: bool
+    #: The heartbeat interval the hub gave the device when it last connected (0: not known).
+    heartbeat_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,3 +195,15 @@ class SecurityEventRecord:
     detail: str
     count: int
     received_ms: int
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One entry of the hub's event log; ``device_id`` is '' when no single device is concerned."""
+
+    id: int
+    at_ms: int
+    kind: str
+    device_id: str
+    subject: str
+    message: str

@@ -15,6 +15,7 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import decode_skills, selector_clause
 from cloud.store.devices import device_record
+from cloud.store.events import insert_events, skill_transitions
 from cloud.store.records import (
     DesiredRecord,
     DeviceStateRecord,
@@ -115,11 +116,25 @@ class StateTables(StoreBase):
                 ),
             )
         )
+        # The previous report is read in the same transaction (the device's row locked
+        # on PostgreSQL), so each skill transition is logged once, with the report.
+        joined = devices.outerjoin(
+            reported_states, reported_states.c.device_id == devices.c.device_id
+        )
+        previous = (
+            select(devices.c.device_id, reported_states.c.skills)
+            .select_from(joined)
+            .where(devices.c.device_id == device_id)
+            .with_for_update(of=devices)
+        )
         with self._tx(write=True) as conn:
-            known = select(devices.c.device_id).where(devices.c.device_id == device_id)
-            if conn.execute(known).first() is None:
+            known = conn.execute(previous).first()
+            if known is None:
                 raise NotFoundError(f"no device {device_id!r}")
-            conn.execute(stmt)
+            if conn.execute(stmt).rowcount:
+                changes = skill_transitions(device_id, _previous(device_id, known.skills), skills)
+                if changes:
+                    insert_events(conn, changes, at_ms=now_ms)
 
     def reported_for(self, device_id: str) -> ReportedRecord | None:
         """Return a device's latest report, or None if it never reported.
@@ -179,9 +194,21 @@ class StateTables(StoreBase):
         ]
 
 
-def _report_record(row: Row[Any]) -> ReportedRecord:
+def _decode_statuses(device_id: str, text: str) -> tuple[SkillStatusRecord, ...]:
     try:
-        skills = tuple(SkillStatusRecord(**item) for item in json.loads(row.skills))
+        return tuple(SkillStatusRecord(**item) for item in json.loads(text))
     except (ValueError, TypeError) as exc:
-        raise StoreError(f"stored report of {row.device_id!r} is corrupt: {exc}") from exc
+        raise StoreError(f"stored report of {device_id!r} is corrupt: {exc}") from exc
+
+
+def _previous(device_id: str, text: str | None) -> tuple[SkillStatusRecord, ...]:
+    """The report being replaced; a corrupt one must not block the new one (nothing to diff)."""
+    try:
+        return _decode_statuses(device_id, text) if text else ()
+    except StoreError:
+        return ()
+
+
+def _report_record(row: Row[Any]) -> ReportedRecord:
+    skills = _decode_statuses(row.device_id, row.skills)
     return ReportedRecord(row.device_id, row.generation, skills, row.reported_ms)

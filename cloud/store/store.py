@@ -27,9 +27,11 @@ from cloud.store.desired import recompute, selector_clause
 from cloud.store.devices import DeviceTables
 from cloud.store.director import DirectorTables
 from cloud.store.engine import create_store_engine, upgrade_schema
+from cloud.store.events import EVENT_DEPLOYMENT, EventTables, NewEvent, insert_events
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
     DEPLOYMENT_ACTIVE,
+    DEPLOYMENT_SUPERSEDED,
     DeploymentRecord,
     DeviceSkillSummary,
     TelemetryRecord,
@@ -89,7 +91,39 @@ def _group_clause(conn: Connection, group: str) -> ColumnElement[bool]:
         raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
 
 
-class Store(DeviceTables, SkillTables, StateTables, DirectorTables):
+def _supersede(conn: Connection, skill: str, group: str, newer: int) -> list[int]:
+    """Mark the other active deployments of ``skill`` on ``group`` superseded; their ids."""
+    t = deployments.c
+    stmt = (
+        update(deployments)
+        .where(t.skill == skill, t.group_name == group, t.state == DEPLOYMENT_ACTIVE, t.id != newer)
+        .values(state=DEPLOYMENT_SUPERSEDED)
+        .returning(t.id)
+    )
+    return sorted(int(i) for i in conn.execute(stmt).scalars())
+
+
+def _reactivate(conn: Connection, aborted: DeploymentRecord) -> DeploymentRecord | None:
+    """Make the newest deployment ``aborted`` had superseded active again; it, or None."""
+    t = deployments.c
+    row = conn.execute(
+        select(deployments)
+        .where(
+            t.skill == aborted.skill,
+            t.group_name == aborted.group,
+            t.state == DEPLOYMENT_SUPERSEDED,
+            t.id < aborted.id,
+        )
+        .order_by(t.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    conn.execute(update(deployments).where(t.id == row.id).values(state=DEPLOYMENT_ACTIVE))
+    return DeploymentRecord(**{**asdict(deployment_record(row)), "state": DEPLOYMENT_ACTIVE})
+
+
+class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables):
     """The hub's store; build it with :func:`open_store`.
 
     Safe to share between threads (each call checks out its own connection)
@@ -134,7 +168,18 @@ class Store(DeviceTables, SkillTables, StateTables, DirectorTables):
             which = _group_clause(conn, group)
             result = conn.execute(deployments.insert().values(**row).returning(deployments.c.id))
             deployment_id = result.scalar_one()
+            older = _supersede(conn, skill, group, deployment_id)
             recompute(conn, which)
+            what = f"{skill} {version} -> group {group} ({strategy.value})"
+            news = [NewEvent(EVENT_DEPLOYMENT, f"deployment {deployment_id} created: {what}")]
+            news += [
+                NewEvent(
+                    EVENT_DEPLOYMENT,
+                    f"deployment {old} superseded by deployment {deployment_id} ({what})",
+                )
+                for old in older
+            ]
+            insert_events(conn, news, at_ms=now_ms)
         return DeploymentRecord(
             deployment_id, skill, version, group, strategy.value, values, DEPLOYMENT_ACTIVE, now_ms
         )
@@ -169,7 +214,10 @@ class Store(DeviceTables, SkillTables, StateTables, DirectorTables):
     def abort_deployment(self, deployment_id: int, *, now_ms: int) -> DeploymentRecord:
         """Abort a deployment; its devices fall back to what the remaining deployments say.
 
-        Aborting an aborted deployment changes nothing.
+        Aborting the active deployment of a skill on a group makes the one it
+        superseded there (the newest still superseded) active again, so the
+        group returns to the previous version. Aborting a superseded deployment
+        keeps it from ever coming back. Aborting an aborted one changes nothing.
 
         Raises:
             ValidationError: A malformed time.
@@ -186,7 +234,19 @@ class Store(DeviceTables, SkillTables, StateTables, DirectorTables):
                 .where(deployments.c.id == deployment_id)
                 .values(state=DEPLOYMENT_ABORTED)
             )
+            news = [NewEvent(EVENT_DEPLOYMENT, f"deployment {deployment_id} aborted")]
+            if found.state == DEPLOYMENT_ACTIVE:
+                back = _reactivate(conn, found)
+                if back is not None:
+                    news.append(
+                        NewEvent(
+                            EVENT_DEPLOYMENT,
+                            f"deployment {back.id} active again ({back.skill} {back.version} "
+                            f"-> group {back.group}) after deployment {deployment_id} was aborted",
+                        )
+                    )
             recompute(conn, _group_clause(conn, found.group))
+            insert_events(conn, news, at_ms=now_ms)
         return DeploymentRecord(**{**asdict(found), "state": DEPLOYMENT_ABORTED})
 
     # telemetry

@@ -31,6 +31,10 @@ FetchFn = Callable[[str, int], bytes]
 :class:`~skills.errors.FetchError` on any other failure."""
 
 _SCHEME = "edgeskill:///"
+_FOREIGN_ROOT_HINT = (
+    "the hub's TUF metadata is not signed by the keys in the trusted root "
+    "(is the trusted root this hub's root.json?)"
+)
 _KIB = 1024
 _MIB = 1024 * 1024
 
@@ -181,7 +185,7 @@ class TrustClient:
             try:
                 return self._fetch_verified(name, fetcher)
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
-                raise _translate(name, exc) from exc
+                raise _translate(name, exc, first_contact=self._first_contact()) from exc
 
     def refresh(self) -> None:
         """Refresh the metadata chain without fetching a target.
@@ -200,7 +204,11 @@ class TrustClient:
             try:
                 self._updater(fetcher).refresh()
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
-                raise _translate("metadata", exc) from exc
+                raise _translate("metadata", exc, first_contact=self._first_contact()) from exc
+
+    def _first_contact(self) -> bool:
+        """True until the hub's timestamp has verified once against the trusted root."""
+        return not (self._metadata_dir / "timestamp.json").exists()
 
     def trusted_root_version(self) -> int:
         """Return the version of the root this client currently trusts.
@@ -282,8 +290,13 @@ def _copy_prefix(name: str) -> str:
     return name.replace("/", "__") + "."
 
 
-def _translate(name: str, exc: Exception) -> SkillError:
-    """Turn a python-tuf error into ours, saying what went wrong."""
+def _translate(name: str, exc: Exception, *, first_contact: bool = False) -> SkillError:
+    """Turn a python-tuf error into ours, saying what went wrong.
+
+    On ``first_contact`` (nothing from this hub has verified yet) a signature
+    that does not verify most often means a trusted root of another hub, so the
+    message says so.
+    """
     if isinstance(exc, tuf_errors.DownloadError) and isinstance(exc.__cause__, FetchError):
         return FetchError(f"fetching {name!r}: {exc.__cause__}")
     kinds: list[tuple[type[Exception], str]] = [
@@ -297,4 +310,6 @@ def _translate(name: str, exc: Exception) -> SkillError:
         (tuf_errors.DownloadError, "download failed"),
     ]
     what = next(label for kind, label in kinds if isinstance(exc, kind))
+    if first_contact and isinstance(exc, tuf_errors.UnsignedMetadataError):
+        what = f"{what}: {_FOREIGN_ROOT_HINT}"
     return TrustError(f"{what}: {exc} (fetching {name!r})")

@@ -3,13 +3,13 @@
 PostgreSQL tests each get a fresh schema in the ``test`` database
 (``search_path`` set through the URL) that is dropped afterwards. When the
 server is not reachable the fixture fails, it does not skip: a green run
-must mean both databases were tested. Set ``EDGESKILL_TEST_PG`` to use
-another server.
+must mean both databases were tested. The server is the one named by
+``EDGESKILL_TEST_PG`` (``make test`` sets it to the project's own), else the
+one on 127.0.0.1:5432 (see :mod:`tests.support.services`).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,14 +21,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from cloud.store import Store, open_store
+from tests.support.services import PG_ENV, postgres_urls
 
-PG_CANDIDATES = (
-    "postgresql+psycopg2://postgres@127.0.0.1:5432/test",
-    "postgresql+psycopg2://root@127.0.0.1:5432/test",
-)
 PG_HOW_TO_START = (
-    "PostgreSQL at 127.0.0.1:5432 (database 'test', trust auth) is not reachable; "
-    "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+    f"PostgreSQL for the tests is not reachable at {PG_ENV} (when it is unset: 127.0.0.1:5432, "
+    f"database 'test', trust auth). `make test` starts the project's own and sets {PG_ENV}; "
+    "by hand: bash scripts/services.sh && set -a && . .build/services/env && set +a"
 )
 
 _pg_base: str | None = None
@@ -39,9 +37,8 @@ def postgres_base_url() -> str:
     global _pg_base  # noqa: PLW0603 - one probe per test session
     if _pg_base is not None:
         return _pg_base
-    env = os.environ.get("EDGESKILL_TEST_PG")
     errors = []
-    for url in (env,) if env else PG_CANDIDATES:
+    for url in postgres_urls():
         engine = create_engine(url)
         try:
             with engine.connect() as conn:

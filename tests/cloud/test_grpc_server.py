@@ -33,6 +33,7 @@ from protos.topics import MqttEndpoint
 from skills.trust import TrustRepository
 from tests.fakes.failing_store import FailingStore
 from tests.support import async_wait_until
+from tests.support.services import mqtt_host_port, mqtt_url
 
 TIMEOUT_S = 10.0
 
@@ -93,7 +94,7 @@ class MqttDevice:
         self._loop.call_soon_threadsafe(self._in.put_nowait, bytes(msg.payload))
 
     async def start(self) -> None:
-        self.client.connect("127.0.0.1", 1883)
+        self.client.connect(*mqtt_host_port())
         self.client.loop_start()
         self.client.subscribe(self.topics.device_down_filter(self.device_id), qos=1)
         assert await asyncio.to_thread(self._subscribed.wait, TIMEOUT_S)
@@ -116,7 +117,7 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    value = f"mqtt://127.0.0.1:1883/es-test/{uuid.uuid4().hex[:12]}?session_expiry=30"
+    value = mqtt_url(f"es-test/{uuid.uuid4().hex[:12]}", session_expiry=30)
     yield value
     clear_retained(value)
 

@@ -30,6 +30,7 @@ from protos.topics import MqttEndpoint
 from skills.trust.director import Instruction, SignedInstruction
 from tests.support import async_wait_until
 from tests.support.hubs import hub_with_digits
+from tests.support.services import mqtt_host_port, mqtt_url
 
 pytestmark = pytest.mark.mqtt
 
@@ -38,7 +39,7 @@ FAST = MqttServerSettings(settle_s=0.1)
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    value = f"mqtt://127.0.0.1:1883/es-test/{uuid.uuid4().hex[:12]}?session_expiry=30&keepalive=5"
+    value = mqtt_url(f"es-test/{uuid.uuid4().hex[:12]}", session_expiry=30, keepalive=5)
     yield value
     clear_retained(value)
 
@@ -95,7 +96,7 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 def raw_client() -> mqtt.Client:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    client.connect("127.0.0.1", 1883)
+    client.connect(*mqtt_host_port())
     client.loop_start()
     return client
 

@@ -116,13 +116,15 @@ def test_a_device_view_has_labels_presence_board_generation_and_report(
     assert cam == DeviceView(
         device_id="cam-1",
         labels={"kind": "camera"},
-        online=True,
+        online=False,  # last heard from at 5 ms after the epoch: long silent
         board="arm-cpu",
         last_seen_ms=5,
         desired_generation=1,
         reported_generation=1,
         reported=(SkillStateView("digits", "1.0.0", "running", "", "onnx-cpu/int8"),),
         profile={"board": "arm-cpu"},
+        presence="offline",
+        heartbeat_ms=0,
     )
     assert cam.skill("digits") == cam.reported[0]
     gateway = service.devices.get("gw-1")

@@ -28,17 +28,17 @@ from protos import decode_envelope, encode_envelope, make_envelope, pb
 from protos.fetch import WINDOW_PROPERTY, FetchErrorCode
 from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE, MqttEndpoint
 from tests.support import async_wait_until, free_port, wait_until
+from tests.support.services import mqtt_host_port, mqtt_url
 
 pytestmark = pytest.mark.mqtt
 
-BROKER = "127.0.0.1:1883"
 DEVICE = "cam-1"
 
 
 @pytest.fixture
 def url() -> Iterator[str]:
     """A fresh topic prefix on the system broker, wiped of retained messages afterwards."""
-    value = f"mqtt://{BROKER}/es-test/{uuid.uuid4().hex[:12]}?session_expiry=30&keepalive=5"
+    value = mqtt_url(f"es-test/{uuid.uuid4().hex[:12]}", session_expiry=30, keepalive=5)
     yield value
     clear_retained(value)
 
@@ -69,7 +69,7 @@ class ScriptedHub:
         self.client.on_message = self._on_message
         subscribed = threading.Event()
         self.client.on_subscribe = lambda *_: subscribed.set()
-        self.client.connect(*BROKER.split(":")[:1], int(BROKER.split(":")[1]))
+        self.client.connect(*mqtt_host_port())
         self.client.loop_start()
         self.client.subscribe(f"{self.topics.prefix}/dev/+/up/#", qos=1)
         assert subscribed.wait(5)
@@ -142,7 +142,7 @@ def retained(url: str, topic: str) -> bytes | None:
     got: list[bytes] = []
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     client.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload))
-    client.connect("127.0.0.1", 1883)
+    client.connect(*mqtt_host_port())
     client.loop_start()
     client.subscribe(topic, qos=1)
     with contextlib.suppress(TimeoutError):  # nothing retained: None
@@ -319,7 +319,7 @@ def test_a_lost_connection_ends_receive_and_send(url: str) -> None:
             client_id=f"es-{DEVICE}-{ep.prefix_tag()}",
             protocol=mqtt.MQTTv5,
         )
-        thief.connect("127.0.0.1", 1883)
+        thief.connect(*mqtt_host_port())
         thief.loop_start()
         try:
             with pytest.raises(TransportError, match="lost"):

@@ -38,6 +38,7 @@ from protos.topics import MqttEndpoint
 from skills.trust.director import DirectorKey, Instruction
 from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
+from tests.support.services import mqtt_host_port, mqtt_url
 from tests.support.skillkit import build_skill
 
 SKILL_TOML = """
@@ -229,7 +230,7 @@ def test_forged_desired_states_left_on_the_broker_are_refused_counted_and_report
     # Over MQTT the attacker is anyone who can publish on the device's down topic of a
     # broker without the generated ACL (the README's old default): each forged state
     # is published retained, as the attack report did it.
-    url = f"mqtt://127.0.0.1:1883/es-test/{uuid.uuid4().hex[:12]}?session_expiry=60&keepalive=5"
+    url = mqtt_url(f"es-test/{uuid.uuid4().hex[:12]}", session_expiry=60, keepalive=5)
     hub = Hub.init(tmp_path / "home", insecure=True)
     service = FleetService(hub)
     director = HubDirector(hub.home)
@@ -282,7 +283,7 @@ async def _attack_over_mqtt(
     endpoint = MqttEndpoint.parse(url)
     topic = endpoint.topics.down("cam-1", "desired")
     attacker = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    attacker.connect("127.0.0.1", 1883)
+    attacker.connect(*mqtt_host_port())
     attacker.loop_start()
     try:
         seen: dict[tuple[str, str], int] = {}

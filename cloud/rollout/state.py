@@ -1,0 +1,252 @@
+"""A rollout's state: the facts the engine has joined and how far it has gone.
+
+:class:`RolloutState` is a frozen value with a canonical JSON form, so the
+store can keep it and another hub process can carry on from it. Facts are
+joined order-free: for each device (and version) the newest ``at_ms`` wins,
+ties go to the worse news, and the operator's pause or resume is the newest
+of them, while abort and rollback stick once seen.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from cloud.errors import ValidationError
+from cloud.rollout.events import (
+    OUTCOMES,
+    Command,
+    DeviceOutcome,
+    DevicePresence,
+    FleetStop,
+    KpiWindow,
+    Targets,
+    Tick,
+)
+
+__all__ = ["Admission", "FactDraft", "Phase", "RolloutState", "apply_control"]
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValidationError(message)
+
+
+class Phase(enum.StrEnum):
+    """Where a rollout is; ``paused`` is shown over a running phase, never stored."""
+
+    PENDING = "pending"
+    CANARY = "canary"
+    SOAKING = "soaking"
+    WAVE = "wave"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    ROLLED_BACK = "rolled_back"
+
+
+#: Stages a rollout never leaves.
+ENDED = frozenset({Phase.ABORTED, Phase.ROLLED_BACK})
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A device the engine admitted: to which version, from which, and when."""
+
+    version: str
+    previous: str
+    at_ms: int
+
+
+def empty() -> Mapping[Any, Any]:
+    """A fresh read-only empty mapping."""
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """Everything the engine knows about one rollout (build it with the new version only).
+
+    ``admitted`` maps each device the deployment reaches now to its :class:`Admission`.
+    Times are ms; -1 means never.
+    """
+
+    version: str
+    stage: Phase = Phase.PENDING
+    clock_ms: int = -1
+    targets: frozenset[str] = frozenset()
+    targets_at_ms: int = -1
+    previous: Mapping[str, str] = field(default_factory=empty)
+    outcomes: Mapping[str, tuple[int, str, str]] = field(default_factory=empty)
+    ran: Mapping[str, frozenset[str]] = field(default_factory=empty)
+    presence: Mapping[str, tuple[int, bool]] = field(default_factory=empty)
+    kpis: Mapping[tuple[str, str], KpiWindow] = field(default_factory=empty)
+    hold: tuple[int, bool] = (-1, False)  # newest pause (True) or resume
+    fleet_stop: tuple[int, bool] = (-1, False)
+    abort_at_ms: int = -1
+    rollback_at_ms: int = -1
+    admitted: Mapping[str, Admission] = field(default_factory=empty)
+    reverted: Mapping[str, str] = field(default_factory=empty)
+    waves_opened: int = 0
+    wave_limit: int = 0
+    wave_opened_ms: int = -1
+    hold_since_ms: int = -1
+    paused_reason: str = ""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a state without the version it rolls out."""
+        _check(isinstance(self.version, str) and bool(self.version), "a rollout needs a version")
+
+    @property
+    def phase(self) -> Phase:
+        """The stage, or ``paused`` while a running rollout holds."""
+        running = self.stage not in ENDED and self.stage is not Phase.COMPLETED
+        return Phase.PAUSED if self.paused_reason and running else self.stage
+
+    def to_json(self) -> str:
+        """The state as canonical JSON text (sorted keys, no spaces)."""
+        data: dict[str, Any] = {
+            "schema": 1,
+            "version": self.version,
+            "stage": self.stage.value,
+            "targets": sorted(self.targets),
+            "previous": dict(self.previous),
+            "outcomes": {d: list(v) for d, v in self.outcomes.items()},
+            "ran": {d: sorted(v) for d, v in self.ran.items()},
+            "presence": {d: list(v) for d, v in self.presence.items()},
+            "kpis": [[*k, *_kpi_row(w)] for k, w in sorted(self.kpis.items())],
+            "admitted": {d: [a.version, a.previous, a.at_ms] for d, a in self.admitted.items()},
+            "reverted": dict(self.reverted),
+            "hold": list(self.hold),
+            "fleet_stop": list(self.fleet_stop),
+        }
+        for name in _SCALARS:
+            data[name] = getattr(self, name)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> RolloutState:
+        """Read a state written by :meth:`to_json`.
+
+        Raises:
+            ValidationError: The text is not a stored rollout state.
+        """
+        try:
+            d = json.loads(text)
+            _check(d.pop("schema", None) == 1, "unknown schema")
+            return cls(
+                version=d["version"],
+                stage=Phase(d["stage"]),
+                targets=frozenset(d["targets"]),
+                previous=MappingProxyType(dict(d["previous"])),
+                outcomes=MappingProxyType({k: tuple(v) for k, v in d["outcomes"].items()}),
+                ran=MappingProxyType({k: frozenset(v) for k, v in d["ran"].items()}),
+                presence=MappingProxyType({k: tuple(v) for k, v in d["presence"].items()}),
+                kpis=MappingProxyType({(r[0], r[1]): _kpi_from_row(r) for r in d["kpis"]}),
+                admitted=MappingProxyType({k: Admission(*v) for k, v in d["admitted"].items()}),
+                reverted=MappingProxyType(dict(d["reverted"])),
+                hold=tuple(d["hold"]),
+                fleet_stop=tuple(d["fleet_stop"]),
+                **{name: d[name] for name in _SCALARS},
+            )
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValidationError(f"not a stored rollout state: {exc}") from None
+
+
+_SCALARS = (
+    "clock_ms",
+    "targets_at_ms",
+    "abort_at_ms",
+    "rollback_at_ms",
+    "waves_opened",
+    "wave_limit",
+    "wave_opened_ms",
+    "hold_since_ms",
+    "paused_reason",
+    "reason",
+)
+
+
+def _kpi_row(w: KpiWindow) -> tuple[Any, ...]:
+    return (w.at_ms, w.inferences, w.labelled, w.correct, w.errors, w.p95_ms)
+
+
+def _kpi_from_row(r: list[Any]) -> KpiWindow:
+    device, version, at_ms, inferences, labelled, correct, errors, p95_ms = r
+    return KpiWindow(device, version, inferences, labelled, correct, errors, p95_ms, at_ms)
+
+
+# --- joining facts: the newest at_ms wins, ties go to the worse news -------------------------
+
+_RANKS: Mapping[str, Any] = {
+    "outcomes": lambda v: (v[0], OUTCOMES.index(v[2]), v[1]),
+    "presence": lambda v: (v[0], not v[1]),
+    "kpis": _kpi_row,
+}
+
+
+class FactDraft:
+    """Device facts being joined into a state; a table is copied on its first write only."""
+
+    def __init__(self, state: RolloutState) -> None:
+        self.state = state
+        self.tables: dict[str, dict[Any, Any]] = {}
+
+    def _put(self, name: str, key: Any, value: Any) -> None:
+        table = self.tables.get(name)
+        old = (getattr(self.state, name) if table is None else table).get(key)
+        if True:
+            self.tables.setdefault(name, dict(getattr(self.state, name)))[key] = value
+
+    def join(self, event: DeviceOutcome | DevicePresence | KpiWindow) -> None:
+        """Join one device fact (a stale or duplicate one changes nothing)."""
+        d = event.device_id
+        if isinstance(event, DeviceOutcome):
+            self._put("outcomes", d, (event.at_ms, event.version, event.outcome))
+            ran = self.tables.get("ran", self.state.ran)
+            if event.outcome == "running" and event.version not in ran.get(d, ()):
+                table = self.tables.setdefault("ran", dict(self.state.ran))
+                table[d] = table.get(d, frozenset()) | {event.version}
+        elif isinstance(event, DevicePresence):
+            self._put("presence", d, (event.at_ms, event.online))
+        else:
+            self._put("kpis", (d, event.version), event)
+
+    def freeze(self) -> RolloutState:
+        """The state with the facts joined so far."""
+        frozen: dict[str, Any] = {k: MappingProxyType(v) for k, v in self.tables.items()}
+        return replace(self.state, **frozen) if frozen else self.state
+
+
+def apply_control(state: RolloutState, event: Tick | Command | FleetStop | Targets) -> RolloutState:
+    """Join a control event's fact (if it carries one) and move the clock to its time."""
+    at = event.now_ms if isinstance(event, Tick) else event.at_ms
+    state = replace(state, clock_ms=max(state.clock_ms, at))
+    if isinstance(event, Command) and event.kind in ("pause", "resume"):
+        return replace(state, hold=max(state.hold, (at, event.kind == "pause")))
+    if isinstance(event, Command) and event.kind == "abort":  # abort and rollback stick
+        return replace(state, abort_at_ms=_first(state.abort_at_ms, at))
+    if isinstance(event, Command):
+        return replace(state, rollback_at_ms=_first(state.rollback_at_ms, at))
+    if isinstance(event, FleetStop):
+        return replace(state, fleet_stop=max(state.fleet_stop, (at, event.on)))
+    if isinstance(event, Targets) and _newer_targets(event, state):
+        previous = MappingProxyType(dict(event.previous))
+        return replace(state, targets=frozenset(event.devices), previous=previous, targets_at_ms=at)
+    return state
+
+
+def _first(seen: int, at: int) -> int:
+    return min(seen, at) if seen >= 0 else at
+
+
+def _newer_targets(event: Targets, state: RolloutState) -> bool:
+    if event.at_ms != state.targets_at_ms:
+        return event.at_ms > state.targets_at_ms
+    mine = (sorted(event.devices), sorted(event.previous.items()))
+    return mine > (sorted(state.targets), sorted(state.previous.items()))

@@ -1,0 +1,117 @@
+"""Deployment status computed from its devices' reports (pure: views in, a view out).
+
+A deployment's stored state says only whether it is still wanted (active,
+superseded, aborted). What it achieved is computed here, each time, from the
+devices its group selects now:
+
+per device
+    ``succeeded``: it runs this version. ``failed``: it failed this version, or
+    rolled back from it. ``in progress``: it is installing this version.
+    ``offline``: none of those, and it is offline. ``pending``: none of those.
+
+the deployment
+    ``superseded`` and ``aborted`` as stored; otherwise ``succeeded`` when every
+    target runs this version, ``failed`` when every target failed it,
+    ``partially failed`` when some failed, ``in progress`` when some succeeded or
+    are installing, else ``pending`` (no target did anything yet, or there is none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cloud.service.views import (
+    DeploymentStatusView,
+    DeploymentView,
+    DeviceRolloutView,
+    DeviceView,
+    SkillStateView,
+)
+
+__all__ = [
+    "DEPLOYMENT_STATUSES",
+    "DEVICE_STATUSES",
+    "deployment_status",
+    "device_status",
+    "short_reason",
+]
+
+PENDING = "pending"
+IN_PROGRESS = "in progress"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+OFFLINE = "offline"
+PARTIALLY_FAILED = "partially failed"
+DEVICE_STATUSES = (PENDING, IN_PROGRESS, SUCCEEDED, FAILED, OFFLINE)
+DEPLOYMENT_STATUSES = (PENDING, IN_PROGRESS, SUCCEEDED, PARTIALLY_FAILED, FAILED)
+_FINAL_STORED = ("superseded", "aborted")
+
+
+def short_reason(error: str, width: int = 60) -> str:
+    """The gist of an error in one line of at most ``width`` characters.
+
+    The first non-empty line; when it ends with a colon (a heading such as
+    "setup failed:" over a traceback), the last non-empty line is added.
+    """
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[-1]}"
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _failed_here(skill: SkillStateView, version: str) -> str | None:
+    """The reason the device failed ``version``, or None if it did not."""
+    if skill.state == "failed" and (skill.desired_version or skill.version) == version:
+        return skill.error or "failed"
+    if skill.state == "rolled_back" and version in (skill.desired_version, skill.previous_version):
+        back = f"rolled back to {skill.version}" if skill.version else "rolled back"
+        return f"{back}: {skill.error}" if skill.error else back
+    return None
+
+
+def device_status(deployment: DeploymentView, device: DeviceView) -> DeviceRolloutView:
+    """Where one device stands with ``deployment`` (see the module's table)."""
+    skill = device.skill(deployment.skill)
+    if skill is not None:
+        if skill.state == "running" and skill.version == deployment.version:
+            return DeviceRolloutView(device.device_id, SUCCEEDED)
+        reason = _failed_here(skill, deployment.version)
+        if reason is not None:
+            return DeviceRolloutView(device.device_id, FAILED, reason)
+        if skill.state == "installing" and skill.desired_version == deployment.version:
+            return DeviceRolloutView(device.device_id, IN_PROGRESS)
+    return DeviceRolloutView(device.device_id, PENDING if device.online else OFFLINE)
+
+
+def _overall(stored: str, devices: Sequence[DeviceRolloutView]) -> str:
+    if stored in _FINAL_STORED:
+        return stored
+    statuses = [d.status for d in devices]
+    failed = statuses.count(FAILED)
+    if statuses and statuses.count(SUCCEEDED) == len(statuses):
+        return SUCCEEDED
+    if statuses and failed == len(statuses):
+        return FAILED
+    if failed:
+        return PARTIALLY_FAILED
+    if SUCCEEDED in statuses or IN_PROGRESS in statuses:
+        return IN_PROGRESS
+    return PENDING
+
+
+def deployment_status(
+    deployment: DeploymentView, targets: Sequence[DeviceView]
+) -> DeploymentStatusView:
+    """A deployment's computed state and each target's standing, targets sorted by id.
+
+    Args:
+        deployment: The deployment as stored.
+        targets: The devices its group selects now, with their presence and report.
+    """
+    devices = tuple(
+        device_status(deployment, d) for d in sorted(targets, key=lambda d: d.device_id)
+    )
+    return DeploymentStatusView(deployment, _overall(deployment.state, devices), devices)

@@ -1,0 +1,196 @@
+"""Presence tells the truth: a killed agent is offline within two heartbeats, across hub restarts.
+
+Real processes on loopback: ``edgeskill hub serve --heartbeat 1`` (mutual TLS, or
+MQTT through the test's own TLS Mosquitto) and an enrolled ``edgeskill agent run``.
+The test reads presence as the console and the CLI do, through the fleet service
+on the same hub home, from its own process: no hub needs to be running for that.
+
+Each "offline within two heartbeat intervals" allows :data:`READ_SLACK_S` on top of
+the 2 s: the hub's stamping of the last heartbeat, and the test's polling and reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cloud.errors import NotFoundError
+from cloud.hub import Hub
+from cloud.service import FleetService
+from tests.integration.conftest import MQTT_OPTIONS, free_port_pair
+from tests.support import Fleet, agent_args, wait_for_port, wait_until
+from tests.support.broker import tls_broker
+
+HEARTBEAT_S = 1
+#: What a reading of "offline" may lag behind two heartbeat intervals.
+READ_SLACK_S = 0.5
+LIMIT_S = 2 * HEARTBEAT_S + READ_SLACK_S
+DEVICE = "cam-1"
+
+
+@dataclass
+class Site:
+    """A hub home served by a hub process, one agent, and the fleet service the test reads."""
+
+    home: Path
+    work: Path
+    port: int
+    fleet: Fleet
+    service: FleetService
+    serve_args: list[str]
+    agent_url: str
+
+    def start_hub(self) -> None:
+        self.fleet.start("hub", self.serve_args)
+        wait_for_port(self.port, 30)
+
+    def start_agent(self) -> None:
+        state = self.work / "agents" / DEVICE
+        root = self.home / "trust" / "metadata" / "root.json"
+        args = agent_args(self.agent_url, DEVICE, ["kind=camera"], state, root, None)
+        if not (state / "identity" / "device.crt").exists():
+            token = self.service.identity.create_claim({"kind": "camera"})
+            ca = str(self.home / "pki" / "ca.crt")
+            enroll = f"grpcs://{self.service.config.enroll_bind}"
+            args += ["--claim-token", token, "--hub-ca", ca, "--enroll-url", enroll]
+        self.fleet.start("agent", args)
+
+    def kill(self, name: str) -> float:
+        """SIGKILL a child; returns the moment it was sent (monotonic)."""
+        proc = self.fleet.procs[name]
+        killed_at = time.monotonic()
+        self.fleet.stop(name, signal.SIGKILL)
+        assert proc.returncode is not None
+        return killed_at
+
+    def presence(self) -> str:
+        try:
+            return self.service.devices.get(DEVICE).presence
+        except NotFoundError:
+            return "not enrolled yet"
+
+    def registered_online(self) -> bool:
+        with contextlib.suppress(NotFoundError):
+            view = self.service.devices.get(DEVICE)
+            return view.presence == "online" and view.heartbeat_ms == HEARTBEAT_S * 1000
+        return False
+
+    def wait_online(self) -> None:
+        """Wait until the device registered with this hub's interval and is online."""
+        try:
+            wait_until(self.registered_online, 60, f"{DEVICE} to be online")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; {self.logs()}") from exc
+
+    def seconds_until_offline(self, since: float) -> float:
+        wait_until(lambda: self.presence() == "offline", 10 * LIMIT_S, f"{DEVICE} to go offline")
+        return time.monotonic() - since
+
+    def logs(self) -> str:
+        found = sorted((self.work / "logs").glob("*.log"))
+        return "; ".join(f"{p.name}: {p.read_text()[-1500:]}" for p in found)
+
+    def cli_presence(self) -> str:
+        """What ``edgeskill devices ls`` prints for the device, in a process of its own."""
+        argv = [sys.executable, "-m", "edgeskill.cli", "devices", "ls", "--home", str(self.home)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        row = next(line for line in done.stdout.splitlines() if DEVICE in line)
+        words = {"online", "offline"} & set(row.replace("│", " ").split())
+        assert len(words) == 1, row
+        return words.pop()
+
+
+@pytest.fixture(params=["grpc", "mqtt"])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    port = free_port_pair()  # gRPC, and enrolment on the next port
+    home = tmp_path / "hub"
+    Hub.init(home, grpc_bind=f"127.0.0.1:{port}").close()
+    serve = ["hub", "serve", "--home", str(home), "--heartbeat", str(HEARTBEAT_S)]
+    agent_url = f"grpcs://127.0.0.1:{port}"
+    fleet = Fleet(tmp_path / "logs")
+    with contextlib.ExitStack() as stack:
+        if request.param == "mqtt":
+            broker = stack.enter_context(tls_broker(home, tmp_path / "broker"))
+            serve += ["--mqtt", broker.hub_url(MQTT_OPTIONS)]
+            agent_url = f"mqtts://127.0.0.1:{broker.port}/{broker.prefix}?{MQTT_OPTIONS}"
+        stack.callback(fleet.stop_all)  # before the broker stops: clients go first
+        service = stack.enter_context(FleetService.open(home))
+        yield Site(home, tmp_path, port, fleet, service, serve, agent_url)
+
+
+def test_a_killed_agent_is_offline_within_two_heartbeats_across_hub_restarts(site: Site) -> None:
+    site.start_hub()
+    site.start_agent()
+    site.wait_online()
+    device = site.service.devices.get(DEVICE)
+    assert device.heartbeat_ms == HEARTBEAT_S * 1000  # the interval the hub gave it
+
+    # The agent dies; the hub runs.
+    assert site.seconds_until_offline(site.kill("agent")) <= LIMIT_S
+    assert site.cli_presence() == "offline"
+
+    # (a) The hub stops while the agent runs: offline within two intervals, while it is down.
+    site.start_agent()
+    site.wait_online()
+    hub = site.fleet.procs["hub"]
+    stopped_at = time.monotonic()
+    site.fleet.stop("hub")
+    assert hub.returncode is not None
+    assert site.seconds_until_offline(stopped_at) <= LIMIT_S
+    assert site.cli_presence() == "offline"  # read with no hub running
+
+    # (b) The hub is killed while the agent runs, the agent is killed while the hub is
+    # down, and the hub comes back: the device is offline at once, and stays so.
+    site.start_hub()
+    site.wait_online()  # the agent reconnected to the new hub
+    site.kill("hub")
+    site.kill("agent")
+    site.start_hub()
+    assert site.presence() == "offline"
+    watch_until = time.monotonic() + 3 * HEARTBEAT_S
+    while time.monotonic() < watch_until:  # not online for a moment, let alone minutes
+        assert site.presence() == "offline"
+    assert site.cli_presence() == "offline"
+
+    # (c) Hub and agent again: online, then the agent is killed: offline within two intervals.
+    site.start_agent()
+    site.wait_online()
+    assert site.seconds_until_offline(site.kill("agent")) <= LIMIT_S
+
+
+def test_a_running_agent_stays_online_heartbeat_after_heartbeat(site: Site) -> None:
+    site.start_hub()
+    site.start_agent()
+    site.wait_online()
+    watch_until = time.monotonic() + 6 * HEARTBEAT_S  # three times the offline limit
+    while time.monotonic() < watch_until:
+        assert site.presence() == "online", site.logs()
+    assert site.cli_presence() == "online"
+
+
+@pytest.mark.parametrize("value", ["0", "301", "abc", "1.5", "-1"])
+def test_hub_serve_refuses_a_bad_heartbeat_in_one_line_and_changes_nothing(
+    tmp_path: Path, value: str
+) -> None:
+    home = tmp_path / "hub"
+    Hub.init(home, grpc_bind=f"127.0.0.1:{free_port_pair()}").close()
+    before = {p: p.stat().st_mtime_ns for p in home.rglob("*")}
+    argv = [sys.executable, "-m", "edgeskill.cli", "hub", "serve", "--home", str(home)]
+    done = subprocess.run(
+        [*argv, f"--heartbeat={value}"], capture_output=True, text=True, timeout=60, check=False
+    )
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, output
+    assert len(output.splitlines()) == 1, output
+    assert f"heartbeat {value!r}" in output or f"heartbeat {value} s" in output
+    assert "1 to 300 seconds" in output and "Traceback" not in output
+    assert {p: p.stat().st_mtime_ns for p in home.rglob("*")} == before
