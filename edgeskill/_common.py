@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # Tables stay readable when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
+# Errors go to stderr, one line however long: scripts read them, terminals wrap them.
+error_console = Console(stderr=True, soft_wrap=True)
 
 HomeOpt = Annotated[
     Path,
@@ -178,7 +180,7 @@ def print_error(message: str) -> None:
     Error texts quote what people typed (URLs, selectors, paths); a ``[`` in
     them must not be taken for markup.
     """
-    console.print(f"[red]error:[/] {escape(message)}")
+    error_console.print(f"[red]error:[/] {escape(message)}")
 
 
 # -- help ----------------------------------------------------------------------

@@ -280,8 +280,38 @@ def _after_completion(plan: RolloutPlan, state: RolloutState, out: list[Decision
     return replace(state, wave_limit=len(_scan(plan, state, state.clock_ms)[1]))
 
 
+def _stop(
+    state: RolloutState, results: tuple[GateResult, ...], out: list[Decision]
+) -> RolloutState | None:
+    """End the rollout on a failing gate (reverting it) or the operator's abort; else None."""
+    failed = [r.reason for r in results if r.verdict is Verdict.FAIL]
+    if failed:
+        ended, decisions = _revert(state, f"gate failed: {failed[0]}")
+        out.extend(decisions)
+        return ended
+    if state.abort_at_ms >= 0:
+        out.append(Aborted("aborted by operator"))
+        return replace(state, stage=Phase.ABORTED, reason="aborted by operator")
+    return None
+
+
+def _run_stages(plan: RolloutPlan, state: RolloutState, out: list[Decision]) -> RolloutState:
+    """Move a running rollout along until nothing more changes at its clock."""
+    for _ in range(2 * len(state.targets) + 8):  # each change admits a device or moves a stage
+        obs, flying = _scan(plan, state, state.clock_ms)
+        results = _judge(plan, state, obs)
+        ended = _stop(state, results, out)
+        if ended is not None:
+            return ended
+        moved = _advance(plan, state, flying, results, out)
+        if moved is state or moved.stage is Phase.COMPLETED:
+            return moved
+        state = moved
+    return state
+
+
 def _evaluate(plan: RolloutPlan, state: RolloutState) -> tuple[RolloutState, list[Decision]]:
-    """Run the rollout at its clock until nothing more changes."""
+    """Run the rollout at its clock: commands first, then gates, then the next stage."""
     if state.stage in ENDED:
         return state, []
     if state.rollback_at_ms >= 0:
@@ -290,21 +320,7 @@ def _evaluate(plan: RolloutPlan, state: RolloutState) -> tuple[RolloutState, lis
     state = _hold(state, out)
     if state.stage is Phase.COMPLETED:
         return _after_completion(plan, state, out), out
-    for _ in range(2 * len(state.targets) + 8):  # each change admits a device or moves a stage
-        obs, flying = _scan(plan, state, state.clock_ms)
-        results = _judge(plan, state, obs)
-        failed = [r.reason for r in results if r.verdict is Verdict.FAIL]
-        if failed:
-            ended, decisions = _revert(state, f"gate failed: {failed[0]}")
-            return ended, out + decisions
-        if state.abort_at_ms >= 0:
-            reason = "aborted by operator"
-            return replace(state, stage=Phase.ABORTED, reason=reason), [*out, Aborted(reason)]
-        moved = _advance(plan, state, flying, results, out)
-        if moved is state or moved.stage is Phase.COMPLETED:
-            return moved, out
-        state = moved
-    return state, out
+    return _run_stages(plan, state, out), out
 
 
 def run(

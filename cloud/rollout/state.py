@@ -3,8 +3,9 @@
 :class:`RolloutState` is a frozen value with a canonical JSON form, so the
 store can keep it and another hub process can carry on from it. Facts are
 joined order-free: for each device (and version) the newest ``at_ms`` wins,
-ties go to the worse news, and the operator's pause or resume is the newest
-of them, while abort and rollback stick once seen.
+ties go to the worse news, the versions a device has reported running only
+grow, the operator's pause or resume is the newest of them, and abort and
+rollback stick once seen.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ class FactDraft:
     def _put(self, name: str, key: Any, value: Any) -> None:
         table = self.tables.get(name)
         old = (getattr(self.state, name) if table is None else table).get(key)
-        if True:
+        if old is None or _RANKS[name](value) > _RANKS[name](old):
             self.tables.setdefault(name, dict(getattr(self.state, name)))[key] = value
 
     def join(self, event: DeviceOutcome | DevicePresence | KpiWindow) -> None:

@@ -150,7 +150,7 @@ class Sim:
             self.feed(self._window(device, OLD, T0 - 60_000))
         for after_s, event in self.world.controls:
             self.later(T0 + after_s * 1000, replace(event, at_ms=T0 + after_s * 1000))  # type: ignore[type-var]
-        self.feed(Targets(frozenset(self.devices), {d: OLD for d in self.devices}, T0))
+        self.feed(Targets(frozenset(self.devices), dict.fromkeys(self.devices, OLD), T0))
 
     def go(self, *, tick_s: int = 5, horizon_s: int = 4 * 3600) -> Sim:
         self.start()
@@ -189,14 +189,18 @@ class Sim:
             assert new.stage is Phase.ROLLED_BACK and not admits
         for revert in reverts:  # every admitted device goes back to what it ran before
             assert revert.devices == set(prev.admitted)
-            assert dict(revert.previous) == {d: self.previous_when_admitted[d] for d in revert.devices}
+            assert dict(revert.previous) == {
+                d: self.previous_when_admitted[d] for d in revert.devices
+            }
             assert not new.admitted and new.stage is Phase.ROLLED_BACK
         for admit in admits:
             assert plan.in_window(now)
             assert not self.paused[1] and not self.stopped[1]
             assert admit.devices <= new.targets
             assert admit.devices.isdisjoint(self.admitted_ever)  # nobody moves twice
-            assert admit.version == NEW or (plan.ab is not None and admit.version == plan.ab.control)
+            assert admit.version == NEW or (
+                plan.ab is not None and admit.version == plan.ab.control
+            )
             if running:  # a wave after the first opens only past passing gates
                 assert all(v is Verdict.PASS for v in verdicts)
             for device in admit.devices:
@@ -471,7 +475,9 @@ def scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
     if day:  # T0 is Monday 00:00 UTC: daily and mon windows open within the run
         start, length = draw(st.integers(0, 40)), draw(st.integers(5, 60))
         stop = start + length
-        data["windows"] = [f"{day} {start // 60:02d}:{start % 60:02d}-{stop // 60:02d}:{stop % 60:02d}"]
+        data["windows"] = [
+            f"{day} {start // 60:02d}:{start % 60:02d}-{stop // 60:02d}:{stop % 60:02d}"
+        ]
     world = World(
         size=draw(st.integers(1, 300)),
         fail=draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.2, 0.5])),
@@ -494,9 +500,7 @@ def scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
     return plan_from_dict(data), world
 
 
-PROPERTY = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY
@@ -511,7 +515,9 @@ def test_invariants_hold_on_random_rollouts(scenario: tuple[RolloutPlan, World])
         assert _kinds(sim.decisions).count(Completed) == 1
     if state.stage is Phase.ROLLED_BACK:
         assert not state.admitted and set(state.reverted) <= sim.admitted_ever
-    moved = [d for decision in sim.decisions if isinstance(decision, Admit) for d in decision.devices]
+    moved = [
+        d for decision in sim.decisions if isinstance(decision, Admit) for d in decision.devices
+    ]
     assert len(moved) == len(set(moved))
 
 
@@ -538,7 +544,8 @@ def healthy_wave_scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
         fail=draw(st.sampled_from([0.0, 0.01, 0.03])),
         seed=draw(st.integers(0, 2**16)),
         controls=tuple(
-            (t, Command("pause" if i % 2 == 0 else "resume", 0)) for i, t in enumerate(sorted(pauses))
+            (t, Command("pause" if i % 2 == 0 else "resume", 0))
+            for i, t in enumerate(sorted(pauses))
         ),
     )
     return plan_from_dict(data), world
@@ -549,7 +556,9 @@ def healthy_wave_scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
 def test_waves_open_one_at_a_time_past_passing_gates(scenario: tuple[RolloutPlan, World]) -> None:
     plan, world = scenario
     sim = Sim(plan, world).go(tick_s=15, horizon_s=3 * 3600)  # Sim._check asserts each step
-    if len(world.controls) % 2 == 0:  # not left paused: a healthy fleet gets there
+    if sim.state.phase is Phase.ROLLED_BACK:  # a failure seen with few samples may stop it
+        assert world.fail and sim.state.reason.startswith("gate failed: install failures")
+    elif len(world.controls) % 2 == 0:  # not left paused: the rest get there
         assert sim.state.phase is Phase.COMPLETED, sim.state.reason
         assert sim.state.waves_opened >= 2
 

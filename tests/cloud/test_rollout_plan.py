@@ -80,7 +80,14 @@ def test_an_empty_plan_is_all_at_once() -> None:
         ({"strategy": "canary", "canary": "ten%"}, "'ten%'"),
         ({"strategy": "canary", "canary": -3}, "-3"),
         ({"strategy": "canary", "canary": 3, "min_samples": 10}, "3 devices"),
-        ({"strategy": "canary", "canary": 15, "gates": {"health": {"max": 0.1, "min_samples": 30}}}, "30 samples"),
+        (
+            {
+                "strategy": "canary",
+                "canary": 15,
+                "gates": {"health": {"max": 0.1, "min_samples": 30}},
+            },
+            "30 samples",
+        ),
         ({"strategy": "canary", "then": "later"}, "'later'"),
         ({"strategy": "waves", "waves": {"increment_factor": 9}}, "9"),
         ({"strategy": "waves", "waves": {"base": 3}}, "'base'"),
@@ -135,7 +142,9 @@ def test_canary_and_wave_sizes() -> None:
 
 
 windows_st = st.builds(
-    lambda days, start, stop: f"{days} {start // 60:02d}:{start % 60:02d}-{stop // 60:02d}:{stop % 60:02d}",
+    lambda days, start, stop: (
+        f"{days} {start // 60:02d}:{start % 60:02d}-{stop // 60:02d}:{stop % 60:02d}"
+    ),
     st.one_of(
         st.just("daily"),
         st.sampled_from(DAYS),
@@ -218,24 +227,33 @@ def _fit_ratio(kind: str, value: object) -> object:
     return 1 + float(value)  # type: ignore[arg-type]
 
 
-plans_st = st.fixed_dictionaries(
-    {"strategy": st.sampled_from(["all-at-once", "waves"])},
-    optional={
-        "gates": gates_st,
-        "soak_s": st.integers(0, 3600),
-        "min_samples": st.integers(1, 50),
-        "install_timeout_s": st.integers(1, 3600),
-        "wave_interval_s": st.integers(0, 600),
-        "windows": st.lists(windows_st, max_size=3),
-        "priority": st.integers(-100, 100),
-    },
-) | st.builds(
-    lambda canary, then: {"strategy": "canary", "canary": canary, "then": then, "min_samples": 1},
-    st.one_of(st.integers(1, 50), st.integers(1, 99).map(lambda p: f"{p}%")),
-    st.sampled_from(["all", "waves"]),
-) | st.builds(
-    lambda weight: {"strategy": "ab", "ab": {"control": "1.0.0", "weight": weight}},
-    st.integers(1, 99),
+plans_st = (
+    st.fixed_dictionaries(
+        {"strategy": st.sampled_from(["all-at-once", "waves"])},
+        optional={
+            "gates": gates_st,
+            "soak_s": st.integers(0, 3600),
+            "min_samples": st.integers(1, 50),
+            "install_timeout_s": st.integers(1, 3600),
+            "wave_interval_s": st.integers(0, 600),
+            "windows": st.lists(windows_st, max_size=3),
+            "priority": st.integers(-100, 100),
+        },
+    )
+    | st.builds(
+        lambda canary, then: {
+            "strategy": "canary",
+            "canary": canary,
+            "then": then,
+            "min_samples": 1,
+        },
+        st.one_of(st.integers(1, 50), st.integers(1, 99).map(lambda p: f"{p}%")),
+        st.sampled_from(["all", "waves"]),
+    )
+    | st.builds(
+        lambda weight: {"strategy": "ab", "ab": {"control": "1.0.0", "weight": weight}},
+        st.integers(1, 99),
+    )
 )
 
 
@@ -296,14 +314,16 @@ def test_offline_and_health_shares() -> None:
 def test_accuracy_is_compared_in_points_against_the_baseline() -> None:
     gate = Gate(GateKind.ACCURACY_DROP, 2.0, min_samples=100)
     worse = _obs(
-        candidate=KpiTotals(labelled=1000, correct=910), baseline=KpiTotals(labelled=1000, correct=960)
+        candidate=KpiTotals(labelled=1000, correct=910),
+        baseline=KpiTotals(labelled=1000, correct=960),
     )
     assert _judge(gate, worse) == (
         Verdict.FAIL,
         "accuracy 0.91 vs 0.96 baseline: -5.0 points, limit -2.0",
     )
     same = _obs(
-        candidate=KpiTotals(labelled=1000, correct=955), baseline=KpiTotals(labelled=1000, correct=960)
+        candidate=KpiTotals(labelled=1000, correct=955),
+        baseline=KpiTotals(labelled=1000, correct=960),
     )
     assert _judge(gate, same)[0] is Verdict.PASS
     unlabelled = _obs(candidate=KpiTotals(labelled=99, correct=0), baseline=KpiTotals(labelled=500))
@@ -313,7 +333,8 @@ def test_accuracy_is_compared_in_points_against_the_baseline() -> None:
 def test_p95_latency_and_error_rate_against_the_baseline() -> None:
     p95 = Gate(GateKind.P95_RATIO, 1.5)
     slow = _obs(
-        candidate=KpiTotals(inferences=500, p95_ms=80), baseline=KpiTotals(inferences=500, p95_ms=40)
+        candidate=KpiTotals(inferences=500, p95_ms=80),
+        baseline=KpiTotals(inferences=500, p95_ms=40),
     )
     assert _judge(p95, slow) == (
         Verdict.FAIL,
@@ -321,15 +342,17 @@ def test_p95_latency_and_error_rate_against_the_baseline() -> None:
     )
     errors = Gate(GateKind.ERROR_RATE, 1.0)
     noisy = _obs(
-        candidate=KpiTotals(inferences=1000, errors=30), baseline=KpiTotals(inferences=1000, errors=10)
+        candidate=KpiTotals(inferences=1000, errors=30),
+        baseline=KpiTotals(inferences=1000, errors=10),
     )
     assert _judge(errors, noisy) == (
         Verdict.FAIL,
         "error rate 3.0% vs 1.0% baseline: +2.0 points, limit +1.0",
     )
-    assert _judge(errors, _obs(candidate=KpiTotals(inferences=5), baseline=KpiTotals(inferences=5)))[
-        0
-    ] is Verdict.WAIT
+    assert (
+        _judge(errors, _obs(candidate=KpiTotals(inferences=5), baseline=KpiTotals(inferences=5)))[0]
+        is Verdict.WAIT
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -34,7 +34,7 @@ from edge_agent.wiring import build_agent
 from protos.envelope import now_ms
 from tests.fakes.fake_launcher import FakeLauncher
 from tests.support import Fleet, async_wait_until, free_port, wait_for_port, wait_until
-from tests.support.services import mqtt_url as test_broker_url
+from tests.support.services import mqtt_url as broker_url_for
 from tests.support.skillkit import LIBRARY, build_skill
 
 AGENTS = int(os.environ.get("EDGESKILL_MANY_AGENTS", "200"))
@@ -67,7 +67,7 @@ def hub(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HubProcess]:
     mqtt_url = ""
     if request.param == "mqtt":
         prefix = f"es-test/{uuid.uuid4().hex[:12]}"
-        mqtt_url = test_broker_url(prefix, session_expiry=60, keepalive=30)
+        mqtt_url = broker_url_for(prefix, session_expiry=60, keepalive=30)
     home = tmp_path / "hub"
     # The seam under test is the agent object, not identity: plain transports.
     hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}", mqtt_url=mqtt_url, insecure=True)
