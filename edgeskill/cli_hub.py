@@ -202,7 +202,7 @@ def hub_serve(
       edgeskill hub serve --home hub --mqtt "mqtts://127.0.0.1:8883/edgeskill/v1?ca=..."
     """
     from cloud.errors import HubError, TransportError  # noqa: PLC0415
-    from cloud.hub import CONFIG_FILE, plan_serve  # noqa: PLC0415
+    from cloud.hub_config import CONFIG_FILE, plan_serve  # noqa: PLC0415
     from cloud.presence import heartbeat_seconds  # noqa: PLC0415
 
     _setup_logging(verbose)
@@ -237,7 +237,7 @@ def _tls_files(cert: Path | None, key: Path | None, ca: Path | None) -> Any:
     Raises:
         ValidationError: only some of the three are given.
     """
-    from cloud.hub import tls_files  # noqa: PLC0415
+    from cloud.hub_config import tls_files  # noqa: PLC0415
 
     return tls_files(*(p.resolve() if p is not None else None for p in (cert, key, ca)))
 

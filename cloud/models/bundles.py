@@ -84,7 +84,10 @@ def _export(
 ) -> ModelVariant:
     variant = factory.tables.get_variant(artifact.variant_id)
     precision = "int8" if variant.quantized else "fp32"
-    file = artifact.files[0]
-    rel = f"models/{model}-{artifact.target}-{precision}{Path(file.name).suffix}"
-    factory.export_blob(file.sha256, work / rel)
+    # The first file is the one the runtime opens; the rest sit beside it under the
+    # same stem (OpenVINO reads ``x.bin`` next to ``x.xml``), so every file ships.
+    stem = f"models/{model}-{artifact.target}-{precision}"
+    for file in artifact.files:
+        factory.export_blob(file.sha256, work / f"{stem}{Path(file.name).suffix}")
+    rel = f"{stem}{Path(artifact.files[0].name).suffix}"
     return ModelVariant(model=model, target=artifact.target, path=rel, precision=precision)

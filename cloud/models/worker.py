@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloud.errors import ConflictError, HubError
-from cloud.hub import CONFIG_FILE, HubConfig
+from cloud.hub_config import CONFIG_FILE, HubConfig
 from cloud.models.blobs import BlobStore
 from cloud.models.datasets import dataset_source
 from cloud.models.errors import FactoryError

@@ -8,14 +8,20 @@ method returns frozen views from :mod:`cloud.service.views` and raises only
 
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService
+from cloud.service.events import EventService
 from cloud.service.fleet import FleetService
 from cloud.service.skills import SkillService
 from cloud.service.telemetry import TelemetryService
 from cloud.service.views import (
+    DeploymentStatusView,
     DeploymentView,
+    DeviceDetailView,
+    DeviceRolloutView,
     DeviceView,
+    EventView,
     GroupView,
     PublishedSkill,
+    SkillDetailView,
     SkillStateView,
     SkillVersionView,
     TelemetrySummaryView,
@@ -23,13 +29,19 @@ from cloud.service.views import (
 
 __all__ = [
     "DeploymentService",
+    "DeploymentStatusView",
     "DeploymentView",
+    "DeviceDetailView",
+    "DeviceRolloutView",
     "DeviceService",
     "DeviceView",
+    "EventService",
+    "EventView",
     "FleetService",
     "GroupService",
     "GroupView",
     "PublishedSkill",
+    "SkillDetailView",
     "SkillService",
     "SkillStateView",
     "SkillVersionView",

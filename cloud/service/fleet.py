@@ -7,7 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Self
 
-from cloud.hub import Hub, HubConfig, TlsFiles
+from cloud.hub import Hub
+from cloud.hub_config import HubConfig, TlsFiles
 from cloud.models import ModelFactory
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService, IdentityService

@@ -14,6 +14,7 @@ from cloud.selectors import check_labels, format_selector, parse_selector
 from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import recompute, selector_clause
+from cloud.store.events import EVENT_DEVICE, NewEvent, insert_events
 from cloud.store.records import DeviceRecord, GroupRecord
 from cloud.store.schema import device_groups, device_labels, devices
 
@@ -121,6 +122,9 @@ class DeviceTables(StoreBase):
             conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
             _write_labels(conn, device_id, labels)
             recompute(conn, devices.c.device_id == device_id)
+            shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels"
+            note = NewEvent(EVENT_DEVICE, f"{device_id} enrolled ({shown})", device_id)
+            insert_events(conn, [note], at_ms=now_ms)
 
     def set_device_labels(self, device_id: str, labels: Mapping[str, str]) -> DeviceRecord:
         """Replace a device's labels (the hub's API; devices cannot) and recompute its state.

@@ -206,3 +206,11 @@ def test_the_hub_core_logs_registrations_and_security_events_once(tmp_path: Path
         assert [e.kind for e in store.events()] == ["device", "security"]
     finally:
         store.close()
+
+
+def test_an_enrolment_is_logged_with_the_labels_its_claim_gave(store: Store) -> None:
+    store.enroll_device("cam-9", {"site": "p3", "kind": "camera"}, now_ms=1_000)
+    assert messages(store, device_id="cam-9") == ["cam-9 enrolled (kind=camera,site=p3)"]
+    with pytest.raises(ValidationError):
+        store.enroll_device("a/b", {}, now_ms=1_000)
+    assert messages(store, device_id="a/b") == []

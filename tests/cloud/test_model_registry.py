@@ -30,11 +30,15 @@ from cloud.models import (
     VariantDraft,
     VariantMetrics,
 )
+from cloud.models.bundles import package_skill
 from cloud.store import Store, open_store
 from converters.digits import load_digits_data, train_digits
 from converters.models import save_model
 from converters.pipeline import CompressOptions
+from skills.bundle import read_manifest
 from skills.manifest import Manifest, ModelVariant
+from skills.model_check import check_bundle as check_bundle_models
+from tests.support.skillkit import LIBRARY
 
 HASH = "sha256:" + "ab" * 32
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
@@ -320,6 +324,13 @@ def test_compress_and_convert_record_checked_variants(
     assert {(a.variant_id, a.target) for a in lineage.artifacts} == {
         (float_v.id, "openvino"), (int8_v.id, "onnx-cpu")
     }  # fmt: skip
+
+    # Both artefacts packaged as a skill: the OpenVINO IR ships its weights file beside
+    # the .xml, and every variant loads and runs in its runtime before it could be signed.
+    bundle = package_skill(factory, LIBRARY / "digits", "1.0.0", [ov, onnx_int8], tmp_path / "d")
+    assert {v.target for v in check_bundle_models(bundle, unchecked_targets=())} == set()
+    names = {v.path for v in read_manifest(bundle).models}
+    assert any(n.endswith(".xml") for n in names)
 
 
 def test_corrupt_or_unsupported_models_fail_clearly_and_record_nothing(

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from cloud.grpc_server import ServerTls, start_grpc_server
-from cloud.hub import Hub, TlsFiles
+from cloud.hub import Hub
+from cloud.hub_config import TlsFiles
 from cloud.hubcore import HubCore, running
 from cloud.pki import CertificateAuthority, DeviceCredentials, issue_device_credentials
 from cloud.service import FleetService
