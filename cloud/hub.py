@@ -36,6 +36,7 @@ from cloud.loops import LoopHost, periodic
 from cloud.metrics import start_hub_metrics
 from cloud.pki import init_hub_pki
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
+from cloud.rollout_loop import RolloutLoop
 from cloud.store import Store, open_store
 from skills.errors import SkillError
 from skills.trust import TrustRepository
@@ -256,6 +257,7 @@ class Hub:
             periodic(self._refresh_timestamp, TIMESTAMP_REFRESH_S),
             leader_only=True,
         )
+        host.add("rollouts", RolloutLoop(self.store).factory(), leader_only=True)
         if not self.config.insecure:
             host.add(
                 "crl-refresh",

@@ -14,6 +14,7 @@ import typer
 import typer.main
 
 from edgeskill import cli_broker as broker_cli
+from edgeskill import cli_deploy as deploy_cli
 from edgeskill import cli_fleet as fleet_cli
 from edgeskill import cli_hub as hub_cli
 from edgeskill import cli_model as model_cli
@@ -29,6 +30,7 @@ from edgeskill._common import (
     print_error,
     set_metavars,
 )
+from edgeskill.sim import cli as sim_cli
 
 app = typer.Typer(
     help="EdgeSkill: train, sign and roll out AI skills to edge device fleets.",
@@ -37,7 +39,7 @@ app = typer.Typer(
 hub_app = hub_cli.app
 agent_app = typer.Typer(help="Run the edge agent on a device.", no_args_is_help=True)
 skill_app = fleet_cli.skill_app
-deploy_app = fleet_cli.deploy_app
+deploy_app = deploy_cli.deploy_app
 groups_app = fleet_cli.groups_app
 devices_app = fleet_cli.devices_app
 claim_app = hub_cli.claim_app
@@ -176,6 +178,11 @@ def _read_token(path: Path) -> str:
     except SettingsError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc
+
+
+# -- the fleet simulator -----------------------------------------------------
+
+app.command("sim")(sim_cli.sim)
 
 
 # -- the demo ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``edgeskill skill``, ``deploy``, ``groups`` and ``devices``: the fleet's day-to-day commands.
+"""``edgeskill skill``, ``groups`` and ``devices``: the fleet's day-to-day commands.
 
 Each command opens the hub's fleet service for its own run; the hub is
 imported only then.
@@ -17,10 +17,13 @@ from rich.table import Table
 from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console, print_error
 
 if TYPE_CHECKING:
-    from cloud.service.views import DeviceDetailView, SkillDetailView, SkillStateView
+    from cloud.service.views import (
+        DeviceDetailView,
+        SkillDetailView,
+        SkillStateView,
+    )
 
 skill_app = typer.Typer(help="Build, publish and list skill bundles.", no_args_is_help=True)
-deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
 groups_app = typer.Typer(help="Named label selectors over devices.", no_args_is_help=True)
 devices_app = typer.Typer(help="The devices the hub knows.", no_args_is_help=True)
 
@@ -324,59 +327,3 @@ def devices_label(
         view = fleet.devices.label(device_id, wanted)
     shown = ",".join(f"{k}={v}" for k, v in sorted(view.labels.items()))
     console.print(f"{device_id}: {shown or '(no labels)'}")
-
-
-@deploy_app.command("create")
-def deploy_create(
-    skill: Annotated[str, typer.Argument(help="A pushed skill's name.")],
-    version: Annotated[str, typer.Argument(help="The version to roll out.")],
-    group: Annotated[str, typer.Option(help="Target group.")],
-    config: Annotated[
-        list[str] | None,
-        typer.Option(metavar="K=V[,K=V]", help="Skill config k=v[,k=v]; repeat for more."),
-    ] = None,
-    strategy: Annotated[
-        str, typer.Option(help="Rollout strategy; all-at-once is the only one so far.")
-    ] = "all-at-once",
-    home: HomeOpt = DEFAULT_HOME,
-) -> None:
-    """Deploy SKILL VERSION to every device of a group (all at once).
-
-    Examples:
-      edgeskill deploy create digits 1.0.0 --group cameras --home hub
-      edgeskill deploy create digits 1.0.0 --group cameras --config min_confidence=0.8 --home hub
-    """
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.create(
-            skill, version, group, strategy=strategy, config=config or []
-        )
-    console.print(f"deployment {dep.id}: {skill} {version} -> {group}")
-
-
-@deploy_app.command("status")
-def deploy_status(home: HomeOpt = DEFAULT_HOME) -> None:
-    """List deployments with their state computed from their devices, and why they failed."""
-    from cloud.service.status import short_reason  # noqa: PLC0415
-
-    table = Table("id", "skill", "version", "group", "strategy", "state", "ok/failed/pending")
-    table.add_column("first failure", overflow="fold")
-    with _fleet(home) as fleet:
-        for st in fleet.deployments.status():
-            d, failed = st.deployment, st.first_failure
-            waiting = st.total - st.count("succeeded") - st.count("failed")
-            counts = f"{st.count('succeeded')}/{st.count('failed')}/{waiting} of {st.total}"
-            why = f"{failed.device_id}: {short_reason(failed.reason, 80)}" if failed else ""
-            row = (str(d.id), d.skill, d.version, d.group, d.strategy, st.state, counts, why)
-            table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
-
-
-@deploy_app.command("abort")
-def deploy_abort(
-    deployment_id: Annotated[int, typer.Argument(help="The deployment, as `deploy status` lists.")],
-    home: HomeOpt = DEFAULT_HOME,
-) -> None:
-    """Abort a deployment; its devices fall back to the previous deployment's version."""
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.abort(deployment_id)
-    console.print(f"deployment {dep.id} {dep.state}")

@@ -345,6 +345,12 @@ def hub_events(
         shown = fleet.events.recent(device_id=device, kind=kind, limit=limit)
         for event in shown:
             console.print(escape(_event_line(event)), soft_wrap=True)
+        if not shown and not follow:
+            console.print(
+                "[dim]no events yet[/]"
+                if device is None and kind is None
+                else "[dim]no such events[/]"
+            )
         last = shown[-1].id if shown else _newest_id(fleet)
         with contextlib.suppress(KeyboardInterrupt):
             while follow:

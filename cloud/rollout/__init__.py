@@ -1,9 +1,10 @@
 """The rollout rule: deployments and device labels in, desired state out (pure, no I/O).
 
 Everything here is a function of records; the store feeds it and writes back
-what it returns. Strategies (today only ``all-at-once``) decide which selected
-devices a deployment reaches; canary, waves and gates will be further
-strategies and a state machine beside the rule.
+what it returns. An ``all-at-once`` deployment reaches every device its group
+selects; a staged one (``canary``, ``waves``, ``ab``) reaches the devices its
+rollout admitted, as the state machine of :mod:`cloud.rollout.engine` decides
+from its plan (:mod:`cloud.rollout.plan`) and gates (:mod:`cloud.rollout.gates`).
 """
 
 from cloud.rollout.rule import ActiveDeployment, DesiredSkill, compute_desired, compute_fleet

@@ -1,10 +1,15 @@
 """The desired-state rule: which skill versions the hub wants on which device.
 
 The rule is level-triggered and has no memory: for each skill name, the
-newest active deployment of that skill whose group selects the device, and
-whose strategy admits it, wins. Newest means the highest deployment id, so
-deploying an older version after a newer one is a deliberate rollback and
-wins. The result is sorted by skill name, so equal inputs give equal output.
+first active deployment of that skill whose group selects the device, and
+which reaches it, wins. First means the highest priority, then the newest
+(the highest deployment id), so a more specific deployment with a higher
+priority overrides a broader one on the devices both select, and deploying
+an older version after a newer one at the same priority is a deliberate
+rollback and wins. A staged deployment reaches only the devices its rollout
+admitted, each with the version admitted for it (A/B tests give two); the
+others keep what the next deployment gives them. The result is sorted by
+skill name, so equal inputs give equal output.
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ class ActiveDeployment:
     """What the rule needs to know about one active deployment.
 
     ``strategy`` may be given as its name; an unknown name is refused here, so
-    the rule never meets a strategy it cannot apply.
+    the rule never meets a strategy it cannot apply. ``admitted`` is None for
+    a deployment that reaches every selected device (all at once, or a
+    finished rollout); otherwise it maps each device the rollout admitted to
+    the version it gets, and the deployment reaches no other device.
+    ``version_targets`` names the bundle of each admitted version other than
+    ``version`` (an A/B test's control).
 
     Raises:
-        ValidationError: An unknown strategy, or a negative id.
+        ValidationError: An unknown strategy, a negative id, a non-integer
+            priority, or an admitted version without its bundle's name.
     """
 
     id: int
@@ -47,20 +58,37 @@ class ActiveDeployment:
     selector: Mapping[str, str]
     config: Mapping[str, str]
     strategy: Strategy = field(default=DEFAULT_STRATEGY)
+    priority: int = 0
+    admitted: Mapping[str, str] | None = None
+    version_targets: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Normalise the strategy and check the id."""
+        """Normalise the strategy and check the id and priority."""
         object.__setattr__(self, "strategy", parse_strategy(self.strategy))
         if isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0:
             raise ValidationError(f"bad deployment id {self.id!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValidationError(f"bad deployment priority {self.priority!r}")
+        unknown = set((self.admitted or {}).values()) - {self.version, *self.version_targets}
+        if unknown:
+            raise ValidationError(f"deployment {self.id} admits {min(unknown)!r} with no bundle")
 
     def reaches(self, device_id: str, labels: Mapping[str, str]) -> bool:
         """Whether this deployment applies to a device with these labels."""
+        if self.admitted is not None and device_id not in self.admitted:
+            return False
         return matches(self.selector, labels) and self.strategy.admits(device_id)
+
+    def desired(self, device_id: str) -> DesiredSkill:
+        """What this deployment wants on a device it reaches."""
+        version = self.version if self.admitted is None else self.admitted[device_id]
+        target = self.target_name if version == self.version else self.version_targets[version]
+        return DesiredSkill(self.skill, version, target, dict(self.config))
 
 
 def _newest_first(active: Iterable[ActiveDeployment]) -> list[ActiveDeployment]:
-    return sorted(active, key=lambda d: d.id, reverse=True)
+    """Deployments in the order the rule tries them: priority, then id, highest first."""
+    return sorted(active, key=lambda d: (d.priority, d.id), reverse=True)
 
 
 def _apply(
@@ -70,10 +98,7 @@ def _apply(
     for dep in newest_first:
         if dep.skill not in chosen and dep.reaches(device_id, labels):
             chosen[dep.skill] = dep
-    return tuple(
-        DesiredSkill(dep.skill, dep.version, dep.target_name, dict(dep.config))
-        for _, dep in sorted(chosen.items())
-    )
+    return tuple(dep.desired(device_id) for _, dep in sorted(chosen.items()))
 
 
 def compute_desired(

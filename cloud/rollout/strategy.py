@@ -3,8 +3,10 @@
 A strategy only narrows: it says whether a device the group selects takes the
 deployment now. A device a strategy leaves out keeps what older deployments
 give it, which is exactly what a canary or a wave needs (the rest of the fleet
-stays on the previous version). ``all-at-once`` is the only strategy today;
-new ones are new members here plus their rule in :meth:`Strategy.admits`.
+stays on the previous version). ``all-at-once`` reaches every selected device
+at once; the staged strategies (``canary``, ``waves``, ``ab``) reach only the
+devices their rollout engine (:mod:`cloud.rollout.engine`) has admitted, which
+the rule receives as :attr:`ActiveDeployment.admitted`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ class Strategy(enum.StrEnum):
     """The rollout strategies the hub knows; the value is the stored and typed name."""
 
     ALL_AT_ONCE = "all-at-once"
+    CANARY = "canary"
+    WAVES = "waves"
+    AB = "ab"
+
+    @property
+    def staged(self) -> bool:
+        """Whether a rollout engine decides which devices the deployment reaches."""
+        return self is not Strategy.ALL_AT_ONCE
 
     def admits(self, device_id: str) -> bool:
         """Whether a device the deployment's group selects takes the deployment.
@@ -28,9 +38,10 @@ class Strategy(enum.StrEnum):
             device_id: The selected device.
 
         Returns:
-            True for every device under ``all-at-once``.
+            True: the staged strategies narrow through the engine's admitted
+            devices, not here.
         """
-        del device_id  # every strategy so far admits every selected device
+        del device_id  # narrowing is the rollout engine's (ActiveDeployment.admitted)
         return True
 
 

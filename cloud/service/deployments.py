@@ -1,27 +1,84 @@
-"""Deployments: a skill version on a group with a strategy, and what it became."""
+"""Deployments: a skill version on a group with a strategy, and what it became.
+
+A deployment rolls out all at once, or staged by a rollout plan
+(:mod:`cloud.rollout.plan`): a canary, exponential waves or an A/B test, with
+gates, maintenance windows and a priority. The leader's rollout loop moves a
+staged deployment; here it is created, paused, resumed, aborted or rolled back,
+and the fleet-wide stop switch is set.
+"""
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from cloud.errors import NotFoundError
-from cloud.rollout import DEFAULT_STRATEGY, parse_strategy
+from cloud.errors import NotFoundError, ValidationError
+from cloud.rollout import parse_strategy
+from cloud.rollout.plan import RolloutPlan, parse_plan, plan_from_dict
+from cloud.rollout.state import RolloutState
 from cloud.selectors import parse_selector
 from cloud.service.devices import DeviceService
-from cloud.service.status import deployment_status
-from cloud.service.views import DeploymentStatusView, DeploymentView, DeviceView
+from cloud.service.status import deployment_status, rollout_view
+from cloud.service.views import DeploymentStatusView, DeploymentView, DeviceView, RolloutView
 from cloud.skill_config import ConfigInput, config_from
 from cloud.store import DeploymentRecord, Store
 
-__all__ = ["DeploymentService"]
+__all__ = ["DeploymentService", "build_plan"]
+
+PlanInput = str | Mapping[str, Any] | None
 
 
-def _view(rec: DeploymentRecord) -> DeploymentView:
+def _view(rec: DeploymentRecord, priority: int = 0) -> DeploymentView:
     return DeploymentView(
         rec.id, rec.skill, rec.version, rec.group, rec.strategy, dict(rec.config), rec.state,
-        rec.created_ms,
+        rec.created_ms, priority,
     )  # fmt: skip
+
+
+def _canary(value: str | int) -> str | int:
+    text = str(value).strip()
+    return int(text) if text.isdigit() else text
+
+
+def build_plan(
+    plan: PlanInput = None,
+    *,
+    strategy: str | None = None,
+    canary: str | int | None = None,
+    priority: int | None = None,
+    windows: Sequence[str] = (),
+) -> RolloutPlan:
+    """A rollout plan from a plan (TOML text, a strategy name or a mapping) and overrides.
+
+    Args:
+        plan: The plan; None for the defaults of ``strategy``.
+        strategy: The strategy, over the plan's.
+        canary: The canary's size (``"10%"`` or a device count), over the plan's.
+        priority: The priority, over the plan's.
+        windows: Maintenance windows added to the plan's (``"mon-fri 01:00-05:00"``).
+
+    Raises:
+        ValidationError: Unreadable TOML, an unknown key or strategy, or a bad value.
+    """
+    if isinstance(plan, str):
+        data: dict[str, Any] = parse_plan(plan).to_dict()
+    elif plan is None:
+        data = {}
+    elif isinstance(plan, Mapping):
+        data = dict(plan_from_dict(plan).to_dict())
+    else:
+        raise ValidationError(f"a rollout plan must be TOML text or a table, not {plan!r}")
+    if strategy is not None:
+        data["strategy"] = parse_strategy(strategy).value
+    if canary is not None:
+        data["canary"] = _canary(canary)
+    if priority is not None:
+        data["priority"] = priority
+    if windows:
+        data["windows"] = [*data.get("windows", []), *windows]
+    return plan_from_dict(data)
 
 
 class DeploymentService:
@@ -43,31 +100,47 @@ class DeploymentService:
         version: str,
         group: str,
         *,
-        strategy: str = DEFAULT_STRATEGY.value,
+        strategy: str | None = None,
         config: ConfigInput = None,
+        plan: PlanInput = None,
+        canary: str | int | None = None,
+        priority: int | None = None,
+        windows: Sequence[str] = (),
     ) -> DeploymentView:
-        """Deploy a skill version to a group; its devices' desired state changes at once.
+        """Deploy a skill version to a group.
+
+        All at once (the default), its devices' desired state changes at once and
+        older deployments of the skill on the group are superseded. Staged (a
+        canary, waves, an A/B test, or any plan with a maintenance window), the
+        leader's rollout loop moves its devices, and the devices not yet moved
+        keep the older deployment until the rollout completes.
 
         Args:
             skill: The skill's name.
             version: A published version of it.
             group: The group whose devices get it.
-            strategy: The rollout strategy's name.
+            strategy: The rollout strategy's name, over the plan's (default all-at-once).
             config: The skill's config: a mapping, or ``k=v[,k=v]`` text (one or
                 several, as repeated ``--config`` options give it); every pair
                 must be well formed.
+            plan: A rollout plan: TOML text (see :mod:`cloud.rollout.plan`) or a mapping.
+            canary: The canary's size, ``"10%"`` or a device count.
+            priority: Higher overrides lower on devices two deployments both select.
+            windows: Maintenance windows (UTC) to add, e.g. ``"mon-fri 01:00-05:00"``.
 
         Raises:
-            ValidationError: An unknown strategy or a malformed config pair.
-            NotFoundError: No such skill version or group.
+            ValidationError: An unknown strategy, a bad plan, or a malformed config pair.
+            NotFoundError: No such skill version (or A/B control version) or group.
             StoreError: The store failed.
         """
-        chosen = parse_strategy(strategy)
+        chosen = build_plan(
+            plan, strategy=strategy, canary=canary, priority=priority, windows=windows
+        )
         checked = config_from(config)
         rec = self._store.create_deployment(
-            skill, version, group, strategy=chosen, config=checked, now_ms=self._clock()
+            skill, version, group, config=checked, plan=chosen, now_ms=self._clock()
         )
-        return _view(rec)
+        return _view(rec, chosen.priority)
 
     def get(self, deployment_id: int) -> DeploymentView:
         """One deployment.
@@ -76,7 +149,8 @@ class DeploymentService:
             NotFoundError: No deployment with that id.
             StoreError: The store failed.
         """
-        return _view(self._store.get_deployment(deployment_id))
+        rec = self._store.get_deployment(deployment_id)
+        return _view(rec, self._store.deployment_priorities().get(rec.id, 0))
 
     def list(self) -> list[DeploymentView]:
         """Every deployment, oldest first.
@@ -84,16 +158,88 @@ class DeploymentService:
         Raises:
             StoreError: The store failed.
         """
-        return [_view(r) for r in self._store.list_deployments()]
+        priorities = self._store.deployment_priorities()
+        return [_view(r, priorities.get(r.id, 0)) for r in self._store.list_deployments()]
+
+    def _staged(self, deployment_id: int) -> bool:
+        return deployment_id in self._store.rollouts_of([deployment_id])
 
     def abort(self, deployment_id: int) -> DeploymentView:
-        """Abort a deployment; its devices fall back to what the remaining deployments say.
+        """Abort a deployment.
+
+        All at once: it is no longer wanted and its devices fall back to what the
+        remaining deployments say. Staged: its rollout stops where it is, the
+        devices it moved keep the new version, the others the old one (use
+        :meth:`rollback` to move them back too).
 
         Raises:
+            ValidationError: A staged rollout that has already ended.
             NotFoundError: No deployment with that id.
             StoreError: The store failed.
         """
-        return _view(self._store.abort_deployment(deployment_id, now_ms=self._clock()))
+        if self._staged(deployment_id):
+            return self._command(deployment_id, "abort")
+        return self.get(self._store.abort_deployment(deployment_id, now_ms=self._clock()).id)
+
+    def pause(self, deployment_id: int) -> DeploymentView:
+        """Hold a staged rollout: no new wave opens until :meth:`resume`.
+
+        Raises:
+            ValidationError: The deployment is not staged, or its rollout has ended.
+            NotFoundError: No deployment with that id.
+            StoreError: The store failed.
+        """
+        return self._command(deployment_id, "pause")
+
+    def resume(self, deployment_id: int) -> DeploymentView:
+        """Let a paused staged rollout carry on.
+
+        Raises:
+            ValidationError: The deployment is not staged, or its rollout has ended.
+            NotFoundError: No deployment with that id.
+            StoreError: The store failed.
+        """
+        return self._command(deployment_id, "resume")
+
+    def rollback(self, deployment_id: int) -> DeploymentView:
+        """Return every device a deployment moved to the version it ran before.
+
+        Staged: the rollout loop reverts the devices it admitted and the
+        deployment ends; the older deployment, never superseded, keeps the
+        group. All at once: the same as :meth:`abort` (the superseded deployment
+        is active again).
+
+        Raises:
+            ValidationError: A staged rollout that has already ended.
+            NotFoundError: No deployment with that id.
+            StoreError: The store failed.
+        """
+        if self._staged(deployment_id):
+            return self._command(deployment_id, "rollback")
+        return self.get(self._store.abort_deployment(deployment_id, now_ms=self._clock()).id)
+
+    def _command(self, deployment_id: int, kind: str) -> DeploymentView:
+        self._store.add_rollout_command(deployment_id, kind, now_ms=self._clock())
+        return self.get(deployment_id)
+
+    def fleet_stop(self, on: bool) -> bool:
+        """Turn the fleet-wide stop switch on (no rollout moves a device) or off.
+
+        Returns:
+            Whether the switch changed.
+
+        Raises:
+            StoreError: The store failed.
+        """
+        return self._store.set_fleet_stop(on, now_ms=self._clock())
+
+    def fleet_stopped(self) -> bool:
+        """Whether the fleet-wide stop switch is on.
+
+        Raises:
+            StoreError: The store failed.
+        """
+        return self._store.fleet_stopped()
 
     def status(self, deployment_id: int | None = None) -> builtins.list[DeploymentStatusView]:
         """Deployments (all, oldest first, or one) with their state computed from their devices.
@@ -111,7 +257,16 @@ class DeploymentService:
         for dep in chosen:
             if dep.group not in targets:
                 targets[dep.group] = self._group_devices(dep.group)
-        return [deployment_status(dep, targets[dep.group]) for dep in chosen]
+        rollouts = self._rollouts([d.id for d in chosen])
+        return [deployment_status(d, targets[d.group], rollouts.get(d.id)) for d in chosen]
+
+    def _rollouts(self, ids: builtins.list[int]) -> dict[int, RolloutView]:
+        now = self._clock()
+        views = {}
+        for dep_id, rec in self._store.rollouts_of(ids).items():
+            plan = plan_from_dict(json.loads(rec.plan))
+            views[dep_id] = rollout_view(plan, RolloutState.from_json(rec.state), now)
+        return views
 
     def _group_devices(self, group: str) -> builtins.list[DeviceView]:
         try:

@@ -14,17 +14,27 @@ the deployment
     target runs this version, ``failed`` when every target failed it,
     ``partially failed`` when some failed, ``in progress`` when some succeeded or
     are installing, else ``pending`` (no target did anything yet, or there is none).
+
+the rollout (staged deployments only)
+    its phase and why it paused or ended, as the engine stored them, and each
+    gate's verdict judged now from the stored state (:func:`rollout_view`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 
+from cloud.rollout.engine import gate_results, observations
+from cloud.rollout.gates import KpiTotals
+from cloud.rollout.plan import RolloutPlan
+from cloud.rollout.state import RolloutState
 from cloud.service.views import (
     DeploymentStatusView,
     DeploymentView,
     DeviceRolloutView,
     DeviceView,
+    RolloutView,
     SkillStateView,
 )
 
@@ -33,6 +43,7 @@ __all__ = [
     "DEVICE_STATUSES",
     "deployment_status",
     "device_status",
+    "rollout_view",
     "short_reason",
 ]
 
@@ -102,16 +113,46 @@ def _overall(stored: str, devices: Sequence[DeviceRolloutView]) -> str:
     return PENDING
 
 
+def _kpis(totals: KpiTotals) -> dict[str, float]:
+    out: dict[str, float] = {k: float(v) for k, v in asdict(totals).items()}
+    if totals.labelled:
+        out["accuracy"] = totals.accuracy
+    return out
+
+
+def rollout_view(plan: RolloutPlan, state: RolloutState, now_ms: int) -> RolloutView:
+    """A rollout as its stored state shows it, its gates judged at ``now_ms``."""
+    judged = replace(state, clock_ms=max(state.clock_ms, now_ms))
+    obs = observations(plan, judged)
+    gates = tuple(
+        (r.gate.kind.value, r.verdict.value, r.reason) for r in gate_results(plan, judged)
+    )
+    return RolloutView(
+        phase=state.phase.value,
+        reason=state.paused_reason or state.reason,
+        waves_opened=state.waves_opened,
+        admitted=len(state.admitted),
+        targets=len(state.targets),
+        gates=gates,
+        plan=plan.to_dict(),
+        candidate=_kpis(obs.candidate),
+        baseline=_kpis(obs.baseline),
+    )
+
+
 def deployment_status(
-    deployment: DeploymentView, targets: Sequence[DeviceView]
+    deployment: DeploymentView,
+    targets: Sequence[DeviceView],
+    rollout: RolloutView | None = None,
 ) -> DeploymentStatusView:
     """A deployment's computed state and each target's standing, targets sorted by id.
 
     Args:
         deployment: The deployment as stored.
         targets: The devices its group selects now, with their presence and report.
+        rollout: Its rollout's view, for a staged deployment.
     """
     devices = tuple(
         device_status(deployment, d) for d in sorted(targets, key=lambda d: d.device_id)
     )
-    return DeploymentStatusView(deployment, _overall(deployment.state, devices), devices)
+    return DeploymentStatusView(deployment, _overall(deployment.state, devices), devices, rollout)

@@ -19,6 +19,7 @@ __all__ = [
     "EventView",
     "GroupView",
     "PublishedSkill",
+    "RolloutView",
     "SkillDetailView",
     "SkillStateView",
     "SkillVersionView",
@@ -111,6 +112,30 @@ class DeploymentView:
     config: Mapping[str, str]
     state: str
     created_ms: int
+    #: Higher wins over lower on the devices two deployments of a skill both select.
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """Where a staged deployment's rollout stands.
+
+    ``phase`` is ``pending``, ``canary``, ``soaking``, ``wave``, ``paused``,
+    ``completed``, ``aborted`` or ``rolled_back``; ``reason`` says why it
+    paused or ended. ``gates`` are each gate's verdict and one-line reason now.
+    ``candidate`` and ``baseline`` are the KPIs the gates compare (for an A/B
+    test: the new version and the control).
+    """
+
+    phase: str
+    reason: str
+    waves_opened: int
+    admitted: int
+    targets: int
+    gates: tuple[tuple[str, str, str], ...]
+    plan: Mapping[str, object]
+    candidate: Mapping[str, float] = field(default_factory=dict)
+    baseline: Mapping[str, float] = field(default_factory=dict)
 
 
 #: Telemetry of one skill on one device, summed over every window: already a frozen
@@ -177,6 +202,8 @@ class DeploymentStatusView:
     deployment: DeploymentView
     state: str
     devices: tuple[DeviceRolloutView, ...]
+    #: The rollout of a staged deployment (None for one rolled out all at once).
+    rollout: RolloutView | None = None
 
     def count(self, status: str) -> int:
         """How many target devices have this status."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, and_, bindparam, exists, select, true, update
 
@@ -24,6 +25,7 @@ from cloud.store.schema import (
     device_groups,
     device_labels,
     devices,
+    rollouts,
     skill_versions,
 )
 
@@ -73,10 +75,13 @@ def selector_clause(selector: Mapping[str, str]) -> ColumnElement[bool]:
 
 
 def load_active(conn: Connection) -> list[ActiveDeployment]:
-    """Read every active deployment with its group's selector and target.
+    """Read every active deployment with its group's selector, target and rollout.
+
+    A staged deployment reaches only the devices its rollout admitted (the
+    ``rollouts.admitted`` column; NULL once it reaches every selected device).
 
     Raises:
-        StoreError: A stored selector or config is corrupt.
+        StoreError: A stored selector, config, strategy or admitted set is corrupt.
     """
     query = (
         select(
@@ -87,6 +92,8 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
             device_groups.c.selector,
             deployments.c.config,
             deployments.c.strategy,
+            deployments.c.priority,
+            rollouts.c.admitted,
         )
         .join(device_groups, device_groups.c.name == deployments.c.group_name)
         .join(
@@ -96,23 +103,47 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
                 skill_versions.c.version == deployments.c.version,
             ),
         )
+        .outerjoin(rollouts, rollouts.c.deployment_id == deployments.c.id)
         .where(deployments.c.state == DEPLOYMENT_ACTIVE)
     )
     active = []
-    for row in conn.execute(query):
+    rows = conn.execute(query).all()
+    bundles = _bundle_names(conn, rows)
+    for row in rows:
         try:
             selector = parse_selector(row.selector)
             config = json.loads(row.config)
+            admitted = None if row.admitted is None else dict(json.loads(row.admitted))
+            others = {v for v in (admitted or {}).values() if v != row.version}
             active.append(
                 ActiveDeployment(
-                    row.id, row.skill, row.version, row.target_name, selector, config, row.strategy
+                    row.id,
+                    row.skill,
+                    row.version,
+                    row.target_name,
+                    selector,
+                    config,
+                    row.strategy,
+                    priority=int(row.priority),
+                    admitted=admitted,
+                    version_targets={v: bundles[(row.skill, v)] for v in others},
                 )
             )
-        except (ValidationError, ValueError) as exc:
+        except (ValidationError, ValueError, TypeError, KeyError) as exc:
             raise StoreError(
-                f"deployment {row.id} has a corrupt group, config or strategy: {exc}"
+                f"deployment {row.id} has a corrupt group, config, strategy or rollout: {exc}"
             ) from exc
     return active
+
+
+def _bundle_names(conn: Connection, rows: Sequence[Any]) -> dict[tuple[str, str], str]:
+    """Bundle names of every version of the skills whose rollouts admit devices (A/B controls)."""
+    skills = {row.skill for row in rows if row.admitted not in (None, "{}")}
+    if not skills:
+        return {}
+    query = select(skill_versions.c.name, skill_versions.c.version, skill_versions.c.target_name)
+    found = conn.execute(query.where(skill_versions.c.name.in_(sorted(skills))))
+    return {(r.name, r.version): r.target_name for r in found}
 
 
 def recompute(conn: Connection, which: ColumnElement[bool]) -> int:

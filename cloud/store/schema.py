@@ -32,9 +32,11 @@ __all__ = [
     "device_security_events",
     "devices",
     "director_instructions",
+    "fleet_controls",
     "hub_events",
     "metadata",
     "reported_states",
+    "rollouts",
     "skill_versions",
     "telemetry",
 ]
@@ -113,12 +115,44 @@ deployments = Table(
     Column("config", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("created_ms", BigInteger, nullable=False),
+    # Higher wins over lower on the devices two deployments of a skill both select.
+    Column("priority", Integer, nullable=False, server_default="0"),
     ForeignKeyConstraint(
         ["skill", "version"],
         ["skill_versions.name", "skill_versions.version"],
         name="fk_deployments_skill_skill_versions",
     ),
     Index(None, "state", "skill"),
+)
+
+# A staged deployment's rollout: its plan, the engine's state, and what the rule reads.
+# ``admitted`` is the canonical JSON {device: version} the deployment reaches, or NULL
+# once it reaches every selected device; ``commands`` the operator's [kind, at_ms] list.
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column(
+        "deployment_id",
+        Integer,
+        ForeignKey("deployments.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("plan", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("phase", String(16), nullable=False),
+    Column("admitted", Text, nullable=True),
+    Column("commands", Text, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Index(None, "phase"),
+)
+
+# One row (id 1) holding the fleet-wide stop switch; no row means off.
+fleet_controls = Table(
+    "fleet_controls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("stopped", Boolean, nullable=False),
+    Column("changed_ms", BigInteger, nullable=False),
 )
 
 desired_states = Table(

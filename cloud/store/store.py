@@ -14,16 +14,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, select, update
+from sqlalchemy import Connection, select, update
 
 from cloud.errors import NotFoundError, StoreError, ValidationError
 from cloud.rollout import Strategy, parse_strategy
-from cloud.selectors import parse_selector
+from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.store import checks as check
 from cloud.store import telemetry as tele
-from cloud.store.desired import recompute, selector_clause
+from cloud.store.desired import recompute
 from cloud.store.devices import DeviceTables
 from cloud.store.director import DirectorTables
 from cloud.store.engine import create_store_engine, upgrade_schema
@@ -36,25 +35,19 @@ from cloud.store.records import (
     DeviceSkillSummary,
     TelemetryRecord,
 )
-from cloud.store.schema import deployments, device_groups
+from cloud.store.rollouts import (
+    RolloutTables,
+    deployment_record,
+    insert_rollout,
+    staged,
+    supersede_older,
+)
+from cloud.store.rollouts import group_clause as _group_clause
+from cloud.store.schema import deployments
 from cloud.store.skills import SkillTables
 from cloud.store.state import StateTables
 
 __all__ = ["Store", "deployment_record", "open_store"]
-
-
-def deployment_record(row: Row[Any]) -> DeploymentRecord:
-    """Turn a ``deployments`` row into a record."""
-    return DeploymentRecord(
-        row.id,
-        row.skill,
-        row.version,
-        row.group_name,
-        row.strategy,
-        json.loads(row.config),
-        row.state,
-        row.created_ms,
-    )
 
 
 def open_store(url: str) -> Store:
@@ -79,30 +72,6 @@ def open_store(url: str) -> Store:
     return Store(engine)
 
 
-def _group_clause(conn: Connection, group: str) -> ColumnElement[bool]:
-    row = conn.execute(
-        select(device_groups.c.selector).where(device_groups.c.name == group)
-    ).first()
-    if row is None:
-        raise NotFoundError(f"no group {group!r}")
-    try:
-        return selector_clause(parse_selector(row.selector))
-    except ValidationError as exc:
-        raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
-
-
-def _supersede(conn: Connection, skill: str, group: str, newer: int) -> list[int]:
-    """Mark the other active deployments of ``skill`` on ``group`` superseded; their ids."""
-    t = deployments.c
-    stmt = (
-        update(deployments)
-        .where(t.skill == skill, t.group_name == group, t.state == DEPLOYMENT_ACTIVE, t.id != newer)
-        .values(state=DEPLOYMENT_SUPERSEDED)
-        .returning(t.id)
-    )
-    return sorted(int(i) for i in conn.execute(stmt).scalars())
-
-
 def _reactivate(conn: Connection, aborted: DeploymentRecord) -> DeploymentRecord | None:
     """Make the newest deployment ``aborted`` had superseded active again; it, or None."""
     t = deployments.c
@@ -123,7 +92,7 @@ def _reactivate(conn: Connection, aborted: DeploymentRecord) -> DeploymentRecord
     return DeploymentRecord(**{**asdict(deployment_record(row)), "state": DEPLOYMENT_ACTIVE})
 
 
-class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables):
+class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables, RolloutTables):
     """The hub's store; build it with :func:`open_store`.
 
     Safe to share between threads (each call checks out its own connection)
@@ -140,18 +109,29 @@ class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables)
         *,
         strategy: str | Strategy = Strategy.ALL_AT_ONCE,
         config: Mapping[str, str] | None = None,
+        plan: RolloutPlan | None = None,
         now_ms: int,
     ) -> DeploymentRecord:
         """Deploy a skill version to a group and update the desired state of its devices.
 
         The deployment row and every desired-state change commit together or not at all.
+        With a staged ``plan`` (see :func:`cloud.store.rollouts.staged`) the deployment
+        gets a rollout that admits no device yet: the leader's rollout loop moves
+        devices, and only a completed rollout supersedes the older deployments of
+        the skill on the group (until then they keep the devices not yet moved).
+        Otherwise the older deployments are superseded at once. The plan's strategy
+        and priority are the deployment's.
 
         Raises:
             ValidationError: A strategy the rollout rule does not know, or a malformed config.
             NotFoundError: The skill version or the group does not exist.
             StoreError: The database failed or holds corrupt data.
         """
+        if plan is not None:
+            strategy = plan.strategy.value
         strategy = parse_strategy(strategy)
+        if plan is None and strategy.staged:
+            plan = plan_from_dict({"strategy": strategy.value})  # its defaults
         values = check.config(config)
         check.counter(now_ms, "now_ms")
         row = {
@@ -162,14 +142,21 @@ class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables)
             "config": json.dumps(values, sort_keys=True),
             "state": DEPLOYMENT_ACTIVE,
             "created_ms": now_ms,
+            "priority": plan.priority if plan is not None else 0,
         }
         with self._tx(write=True, lock="exclusive") as conn:
             self._skill_version(conn, skill, version)
+            if plan is not None and plan.ab is not None:
+                self._skill_version(conn, skill, plan.ab.control)
             which = _group_clause(conn, group)
             result = conn.execute(deployments.insert().values(**row).returning(deployments.c.id))
             deployment_id = result.scalar_one()
-            older = _supersede(conn, skill, group, deployment_id)
-            recompute(conn, which)
+            if plan is not None and staged(plan):
+                insert_rollout(conn, deployment_id, plan, version, now_ms)
+                older = []
+            else:
+                older = supersede_older(conn, skill, group, deployment_id)
+                recompute(conn, which)
             what = f"{skill} {version} -> group {group} ({strategy.value})"
             news = [NewEvent(EVENT_DEPLOYMENT, f"deployment {deployment_id} created: {what}")]
             news += [

@@ -120,9 +120,10 @@ def test_the_rule_reads_the_strategy_and_refuses_unknown_ones() -> None:
     assert dep.strategy is Strategy.ALL_AT_ONCE
     assert parse_strategy("all-at-once") is Strategy.ALL_AT_ONCE
     with pytest.raises(
-        ValidationError, match=r"unknown rollout strategy 'canary'; known: all-at-once"
+        ValidationError,
+        match=r"unknown rollout strategy 'blue-green'; known: all-at-once, canary, waves, ab",
     ):
-        ActiveDeployment(1, "face", "1.0.0", "t", {}, {}, "canary")  # type: ignore[arg-type]
+        ActiveDeployment(1, "face", "1.0.0", "t", {}, {}, "blue-green")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="bad deployment id -1"):
         ActiveDeployment(-1, "face", "1.0.0", "t", {}, {})
 
@@ -138,3 +139,100 @@ def test_the_rule_imports_no_io() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# --- priorities and staged deployments (admitted devices, A/B versions) ---------------------
+
+DEVICE_IDS = ("d1", "d2", "d3")
+
+
+@st.composite
+def layered_st(draw: st.DrawFn) -> list[ActiveDeployment]:
+    """Deployments with priorities; some staged, reaching only the devices they admitted."""
+    ids = draw(st.lists(st.integers(0, 1000), unique=True, max_size=10))
+    out = []
+    for i in ids:
+        version = f"2.{draw(st.integers(0, 3))}.0"
+        admitted = draw(
+            st.none()
+            | st.dictionaries(st.sampled_from(DEVICE_IDS), st.sampled_from((version, "1.0.0")))
+        )
+        out.append(
+            ActiveDeployment(
+                id=i,
+                skill=draw(st.sampled_from(SKILLS[:2])),
+                version=version,
+                target_name=f"t-{version}",
+                selector=draw(labels_st),
+                config={},
+                strategy=Strategy.ALL_AT_ONCE if admitted is None else Strategy.CANARY,
+                priority=draw(st.integers(-2, 2)),
+                admitted=admitted,
+                version_targets={"1.0.0": "t-1.0.0"},
+            )
+        )
+    return out
+
+
+def expected_layered(
+    device: str, labels: dict[str, str], active: list[ActiveDeployment]
+) -> list[DesiredSkill]:
+    """Per skill: of the deployments that select and reach the device, the highest
+    (priority, id); the version it admitted the device to, else its own."""
+    wanted = []
+    for skill in sorted({d.skill for d in active}):
+        reaching = [
+            d
+            for d in active
+            if d.skill == skill
+            and matches(d.selector, labels)
+            and (d.admitted is None or device in d.admitted)
+        ]
+        if reaching:
+            best = max(reaching, key=lambda d: (d.priority, d.id))
+            version = best.version if best.admitted is None else best.admitted[device]
+            wanted.append(DesiredSkill(skill, version, f"t-{version}", {}))
+    return wanted
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    device=st.sampled_from(DEVICE_IDS),
+    labels=labels_st,
+    active=layered_st(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_priority_then_id_wins_and_staged_deployments_reach_only_admitted_devices(
+    device: str, labels: dict[str, str], active: list[ActiveDeployment], seed: int
+) -> None:
+    shuffled = list(active)
+    random.Random(seed).shuffle(shuffled)
+    assert list(compute_desired(labels, shuffled, device)) == expected_layered(
+        device, labels, active
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(labels=labels_st, active=layered_st())
+def test_a_device_no_deployment_admitted_keeps_the_broader_one(
+    labels: dict[str, str], active: list[ActiveDeployment]
+) -> None:
+    """Staged deployments that admitted nothing change nobody's desired state."""
+    nothing = [
+        ActiveDeployment(
+            d.id + 2000, d.skill, "9.0.0", "t-9", d.selector, {}, Strategy.WAVES,
+            priority=d.priority + 1, admitted={},
+        )
+        for d in active
+    ]  # fmt: skip
+    for device in DEVICE_IDS:
+        assert compute_desired(labels, active + nothing, device) == compute_desired(
+            labels, active, device
+        )
+
+
+def test_a_staged_deployment_needs_the_bundle_of_every_version_it_admits() -> None:
+    with pytest.raises(ValidationError, match=r"deployment 1 admits '1\.0\.0' with no bundle"):
+        ActiveDeployment(1, "face", "2.0.0", "t", {}, {}, "ab", admitted={"d1": "1.0.0"})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="bad deployment priority"):
+        ActiveDeployment(1, "face", "2.0.0", "t", {}, {}, priority=True)

@@ -162,8 +162,8 @@ def test_deployments_read_the_strategy_and_refuse_unknown_ones(
     devices_store.register_device("cam-1", {"kind": "camera"}, {}, now_ms=1)
     service.skills.publish(bundle(tmp_path))
     service.groups.create("cams", "kind=camera")
-    with pytest.raises(ValidationError, match="unknown rollout strategy 'canary'"):
-        service.deployments.create("digits", "1.0.0", "cams", strategy="canary")
+    with pytest.raises(ValidationError, match="unknown rollout strategy 'blue-green'"):
+        service.deployments.create("digits", "1.0.0", "cams", strategy="blue-green")
     with pytest.raises(NotFoundError):
         service.deployments.create("digits", "1.0.0", "nobody")
     assert service.deployments.list() == []

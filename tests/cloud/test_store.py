@@ -274,8 +274,8 @@ def test_create_deployment_with_missing_parts_changes_nothing(store: Store) -> N
         store.create_deployment("face", "1.0.0", "cams", config={"k": "v" * 2000}, now_ms=2)
     with pytest.raises(ValidationError, match="unknown rollout strategy 'no spaces'"):
         store.create_deployment("face", "1.0.0", "cams", strategy="no spaces", now_ms=2)
-    with pytest.raises(ValidationError, match="unknown rollout strategy 'canary'"):
-        store.create_deployment("face", "1.0.0", "cams", strategy="canary", now_ms=2)
+    with pytest.raises(ValidationError, match="unknown rollout strategy 'blue-green'"):
+        store.create_deployment("face", "1.0.0", "cams", strategy="blue-green", now_ms=2)
     assert store.list_deployments() == []
     assert scalar(store, "SELECT count(*) FROM deployments") == 0
     assert store.desired_for("cam-1").generation == 0

@@ -31,6 +31,6 @@ def test_a_second_agent_process_on_one_state_folder_exits_2(tmp_path: Path) -> N
         second = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert second.returncode == 2
     assert f"another agent (pid {os.getpid()}) already runs on {state}" in " ".join(
-        second.stdout.split()
+        second.stderr.split()
     )
     assert "Traceback" not in second.stdout + second.stderr

@@ -71,9 +71,10 @@ def test_hub_commands_on_a_fresh_home(tmp_path: Path) -> None:
     )
     assert missing.exit_code == 2 and "error" in missing.output
     deploy = ["deploy", "create", "digits", "9.9.9", "--group", "cams", "--home", str(home)]
-    unknown = runner.invoke(app, [*deploy, "--strategy", "canary"])
+    unknown = runner.invoke(app, [*deploy, "--strategy", "blue-green"])
     assert unknown.exit_code == 2
-    assert "unknown rollout strategy 'canary'; known: all-at-once" in unknown.output
+    known = "known: all-at-once, canary, waves, ab"
+    assert f"unknown rollout strategy 'blue-green'; {known}" in unknown.output
     devices = runner.invoke(app, ["devices", "ls", "--home", str(home)])
     assert devices.exit_code == 0 and "desired gen" in devices.output
     assert "digits" not in runner.invoke(app, ["deploy", "status", "--home", str(home)]).output

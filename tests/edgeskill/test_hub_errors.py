@@ -98,7 +98,7 @@ def test_a_hub_init_that_fails_part_way_leaves_nothing_behind(tmp_path: Path) ->
     )
     assert fresh.returncode == 2, fresh.stdout + fresh.stderr
     assert "Traceback" not in fresh.stdout + fresh.stderr
-    assert "cannot migrate the store schema" in fresh.stdout
+    assert "cannot migrate the store schema" in fresh.stderr
     assert not (tmp_path / "new").exists()
 
     existing = tmp_path / "mine"
@@ -153,8 +153,8 @@ def test_hub_serve_without_a_hub_says_to_init_one(tmp_path: Path) -> None:
     result = edgeskill("hub", "serve", "--home", str(home))
     assert result.returncode == 2
     assert "Traceback" not in result.stdout + result.stderr
-    assert result.stdout.startswith(f"error: cannot read hub config {home / 'hub.toml'}")
-    assert f"Run `edgeskill hub init --home {home}` first." in result.stdout
+    assert result.stderr.startswith(f"error: cannot read hub config {home / 'hub.toml'}")
+    assert f"Run `edgeskill hub init --home {home}` first." in result.stderr
     assert not home.exists()
 
 

@@ -99,11 +99,13 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             "leader": 1,
             **EVERY_PROCESS,
             "timestamp-refresh": 1,
+            "rollouts": 1,
         }
         assert leader_gauges(follower.metrics_port) == {
             "leader": 0,
             **EVERY_PROCESS,
             "timestamp-refresh": 0,
+            "rollouts": 0,
         }
 
         killed_at = time.monotonic()
@@ -120,6 +122,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             "leader": 1,
             **EVERY_PROCESS,
             "timestamp-refresh": 1,
+            "rollouts": 1,
         }
         fleet.stop_all()  # before the schema is dropped
 

@@ -1,0 +1,97 @@
+"""What the fleet shows a rollout: its targets, their reports, presence and KPIs.
+
+Read in one transaction for the leader's rollout loop, which turns it into
+rollout engine events (:mod:`cloud.rollout_loop`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, select
+
+from cloud.errors import StoreError
+from cloud.store.records import DeploymentRecord, SkillStatusRecord
+from cloud.store.schema import devices, fleet_controls, reported_states, telemetry
+
+__all__ = ["FLEET_ROW", "KPI_LOOKBACK_MS", "RolloutFacts", "read_facts"]
+
+#: Telemetry older than this before a deployment was made is no baseline for it.
+KPI_LOOKBACK_MS = 3600 * 1000
+#: The id of the one ``fleet_controls`` row.
+FLEET_ROW = 1
+
+
+@dataclass(frozen=True)
+class RolloutFacts:
+    """What the fleet shows a rollout now.
+
+    ``targets``: each device the group selects, with ``(last_seen_ms,
+    heartbeat_ms, connected)``. ``reports``: each target's report time and
+    status of the skill (when it reported it). ``kpis``: ``(device, version,
+    inferences, labelled, correct, p95_ms, at_ms)`` totals of the skill's
+    telemetry. ``fleet_stop``: the switch and when it last changed.
+    """
+
+    targets: Mapping[str, tuple[int, int, bool]]
+    reports: Mapping[str, tuple[int, SkillStatusRecord]]
+    kpis: tuple[tuple[str, str, int, int, int, float, int], ...]
+    fleet_stop: tuple[bool, int]
+
+
+def read_facts(conn: Connection, dep: DeploymentRecord, where: Any) -> RolloutFacts:
+    """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
+
+    Raises:
+        StoreError: Stored data is corrupt.
+    """
+    ids = select(devices.c.device_id).where(where)
+    cols = (devices.c.device_id, devices.c.last_seen_ms, devices.c.heartbeat_ms, devices.c.online)
+    targets = {
+        r.device_id: (int(r.last_seen_ms), int(r.heartbeat_ms), bool(r.online))
+        for r in conn.execute(select(*cols).where(where))
+    }
+    reports: dict[str, tuple[int, SkillStatusRecord]] = {}
+    for row in conn.execute(select(reported_states).where(reported_states.c.device_id.in_(ids))):
+        status = _skill_status(row.device_id, row.skills, dep.skill)
+        if status is not None:
+            reports[row.device_id] = (int(row.reported_ms), status)
+    kpis = _kpis(conn, ids, dep.skill, dep.created_ms - KPI_LOOKBACK_MS)
+    switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
+    flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
+    return RolloutFacts(targets, reports, kpis, flag)
+
+
+def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | None:
+    try:
+        items = json.loads(text)
+        return next((SkillStatusRecord(**i) for i in items if i.get("name") == skill), None)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise StoreError(f"stored report of {device_id!r} is corrupt: {exc}") from exc
+
+
+def _kpis(
+    conn: Connection, ids: Any, skill: str, since_ms: int
+) -> tuple[tuple[str, str, int, int, int, float, int], ...]:
+    """Each target's telemetry totals per version; the tail latency is the mean window p99."""
+    t = telemetry.c
+    query = (
+        select(
+            t.device_id,
+            t.version,
+            func.sum(t.inferences),
+            func.sum(t.labelled),
+            func.sum(t.correct),
+            func.avg(t.latency_p99_ms),
+            func.max(t.received_ms),
+        )
+        .where(and_(t.skill == skill, t.window_end_ms >= since_ms, t.device_id.in_(ids)))
+        .group_by(t.device_id, t.version)
+    )
+    return tuple(
+        (r[0], r[1], int(r[2] or 0), int(r[3] or 0), int(r[4] or 0), float(r[5] or 0), int(r[6]))
+        for r in conn.execute(query)
+    )

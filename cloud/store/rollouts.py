@@ -1,0 +1,386 @@
+"""Staged rollouts in the store: each one's plan and engine state, and the fleet stop switch.
+
+A staged deployment (see :func:`staged`) has a row in ``rollouts`` beside its
+``deployments`` row: the plan as canonical JSON, the engine's state
+(:meth:`cloud.rollout.state.RolloutState.to_json`), its phase, the devices it
+reaches now (``admitted``, which the desired-state rule reads), and the
+operator's commands. The leader's rollout loop reads a rollout and its facts
+with :meth:`RolloutTables.rollout_facts`, runs the pure engine, and writes the
+result back with :meth:`RolloutTables.save_rollout`: the new state, the
+desired state of the devices it moved and the events, in one transaction,
+and only if nobody wrote the rollout in between.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Row, select, update
+
+from cloud.errors import NotFoundError, StoreError, ValidationError
+from cloud.rollout.events import COMMANDS
+from cloud.rollout.plan import PlanStrategy, RolloutPlan
+from cloud.rollout.state import RolloutState
+from cloud.selectors import parse_selector
+from cloud.store import checks as check
+from cloud.store.base import StoreBase
+from cloud.store.desired import recompute, selector_clause
+from cloud.store.events import EVENT_DEPLOYMENT, NewEvent, insert_events
+from cloud.store.records import (
+    DEPLOYMENT_ABORTED,
+    DEPLOYMENT_ACTIVE,
+    DEPLOYMENT_SUPERSEDED,
+    DeploymentRecord,
+)
+from cloud.store.rollout_facts import FLEET_ROW, RolloutFacts, read_facts
+from cloud.store.schema import (
+    deployments,
+    device_groups,
+    devices,
+    fleet_controls,
+    rollouts,
+)
+
+__all__ = [
+    "RolloutFacts",
+    "RolloutRecord",
+    "RolloutTables",
+    "RolloutUpdate",
+    "deployment_record",
+    "group_clause",
+    "insert_rollout",
+    "staged",
+    "supersede_older",
+]
+
+_ENDED = ("aborted", "rolled_back")
+
+
+def staged(plan: RolloutPlan) -> bool:
+    """Whether a plan needs the rollout engine (anything but all at once with no window)."""
+    return plan.strategy is not PlanStrategy.ALL_AT_ONCE or bool(plan.windows)
+
+
+def deployment_record(row: Row[Any]) -> DeploymentRecord:
+    """Turn a ``deployments`` row into a record."""
+    return DeploymentRecord(
+        row.id, row.skill, row.version, row.group_name, row.strategy, json.loads(row.config),
+        row.state, row.created_ms,
+    )  # fmt: skip
+
+
+def group_clause(conn: Connection, group: str) -> Any:
+    """A WHERE clause on ``devices`` keeping the devices group ``group`` selects now.
+
+    Raises:
+        NotFoundError: No such group.
+        StoreError: Its stored selector is corrupt.
+    """
+    row = conn.execute(
+        select(device_groups.c.selector).where(device_groups.c.name == group)
+    ).first()
+    if row is None:
+        raise NotFoundError(f"no group {group!r}")
+    try:
+        return selector_clause(parse_selector(row.selector))
+    except ValidationError as exc:
+        raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
+
+
+def supersede_older(conn: Connection, skill: str, group: str, newer: int) -> list[int]:
+    """Mark the active deployments of ``skill`` on ``group`` older than ``newer`` superseded."""
+    t = deployments.c
+    stmt = (
+        update(deployments)
+        .where(t.skill == skill, t.group_name == group, t.state == DEPLOYMENT_ACTIVE, t.id < newer)
+        .values(state=DEPLOYMENT_SUPERSEDED)
+        .returning(t.id)
+    )
+    return sorted(int(i) for i in conn.execute(stmt).scalars())
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def insert_rollout(
+    conn: Connection, deployment_id: int, plan: RolloutPlan, version: str, now_ms: int
+) -> None:
+    """Add the rollout of a new staged deployment (inside the caller's transaction)."""
+    state = RolloutState(version)
+    conn.execute(
+        rollouts.insert().values(
+            deployment_id=deployment_id,
+            plan=_canonical(plan.to_dict()),
+            state=state.to_json(),
+            phase=state.phase.value,
+            admitted="{}",
+            commands="[]",
+            updated_ms=now_ms,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A staged deployment's rollout as stored.
+
+    ``admitted`` is None once the deployment reaches every device its group
+    selects; ``commands`` are the operator's ``(kind, at_ms)``.
+    """
+
+    deployment: DeploymentRecord
+    priority: int
+    plan: str
+    state: str
+    phase: str
+    admitted: Mapping[str, str] | None
+    commands: tuple[tuple[str, int], ...]
+    updated_ms: int
+
+
+@dataclass(frozen=True)
+class RolloutUpdate:
+    """The outcome of one engine pass, to store at once.
+
+    ``touched``: devices whose desired state may change. ``complete``: the
+    rollout finished (older deployments of the skill on the group are
+    superseded). ``withdraw``: it was rolled back (the deployment is no longer
+    wanted). ``messages``: events to log.
+    """
+
+    deployment_id: int
+    expected_state: str
+    state: str
+    phase: str
+    admitted: Mapping[str, str] | None
+    touched: frozenset[str] = frozenset()
+    complete: bool = False
+    withdraw: bool = False
+    messages: tuple[str, ...] = ()
+
+
+def _record(row: Row[Any]) -> RolloutRecord:
+    try:
+        admitted = None if row.admitted is None else dict(json.loads(row.admitted))
+        commands = tuple((str(k), int(at)) for k, at in json.loads(row.commands))
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"rollout of deployment {row.id} is corrupt: {exc}") from exc
+    return RolloutRecord(
+        deployment_record(row), int(row.priority), row.plan, row.rollout_state, row.phase, admitted,
+        commands, int(row.updated_ms),
+    )  # fmt: skip
+
+
+def _compact(commands: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The commands that still matter: the newest pause or resume, the first abort and rollback."""
+    holds = [c for c in commands if c[0] in ("pause", "resume")]
+    kept = [max(holds, key=lambda c: (c[1], c[0] == "pause"))] if holds else []
+    for kind in ("abort", "rollback"):
+        firsts = [c for c in commands if c[0] == kind]
+        kept += [min(firsts)] if firsts else []
+    return sorted(kept, key=lambda c: c[1])
+
+
+def _joined() -> Any:
+    r = rollouts.c
+    return select(
+        deployments, r.plan, r.state.label("rollout_state"), r.phase, r.admitted, r.commands,
+        r.updated_ms,
+    ).join(rollouts, r.deployment_id == deployments.c.id)  # fmt: skip
+
+
+class RolloutTables(StoreBase):
+    """Transactional access to rollouts and the fleet stop switch."""
+
+    def rollouts_of(self, deployment_ids: Sequence[int] | None = None) -> dict[int, RolloutRecord]:
+        """The rollouts of these deployments (all with None) that have one, by deployment id.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        query = _joined()
+        if deployment_ids is not None:
+            query = query.where(deployments.c.id.in_(sorted(set(deployment_ids))))
+        with self._tx() as conn:
+            return {int(row.id): _record(row) for row in conn.execute(query)}
+
+    def deployment_priorities(self) -> dict[int, int]:
+        """Every deployment's priority, by id.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        with self._tx() as conn:
+            query = select(deployments.c.id, deployments.c.priority)
+            return {int(r.id): int(r.priority) for r in conn.execute(query)}
+
+    def driven_rollouts(self) -> list[RolloutRecord]:
+        """The rollouts the engine still moves: active, not ended, and not reaching everyone.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        query = _joined().where(
+            deployments.c.state == DEPLOYMENT_ACTIVE,
+            rollouts.c.admitted.is_not(None),
+            rollouts.c.phase.not_in(_ENDED),
+        )
+        with self._tx() as conn:
+            return [_record(row) for row in conn.execute(query.order_by(deployments.c.id))]
+
+    def rollout_facts(self, rollout: RolloutRecord) -> RolloutFacts:
+        """Read what the fleet shows ``rollout`` now, in one transaction.
+
+        Raises:
+            NotFoundError: The deployment's group is gone.
+            StoreError: The database failed or holds corrupt data.
+        """
+        with self._tx() as conn:
+            return read_facts(
+                conn, rollout.deployment, group_clause(conn, rollout.deployment.group)
+            )
+
+    def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:
+        """Store one engine pass: the state, the desired state it changes and its events.
+
+        Nothing is written when the stored state is no longer ``expected_state``
+        (another hub process wrote it first) or the deployment is no longer active.
+
+        Returns:
+            True when written.
+
+        Raises:
+            StoreError: The database failed or holds corrupt data.
+        """
+        check.counter(now_ms, "now_ms")
+        admitted = None if change.admitted is None else _canonical(dict(change.admitted))
+        with self._tx(write=True, lock="exclusive") as conn:
+            dep_row = conn.execute(
+                select(deployments).where(deployments.c.id == change.deployment_id)
+            ).first()
+            if dep_row is None or dep_row.state != DEPLOYMENT_ACTIVE:
+                return False
+            dep = deployment_record(dep_row)
+            written = conn.execute(
+                update(rollouts)
+                .where(
+                    rollouts.c.deployment_id == change.deployment_id,
+                    rollouts.c.state == change.expected_state,
+                )
+                .values(
+                    state=change.state, phase=change.phase, admitted=admitted, updated_ms=now_ms
+                )
+            ).rowcount
+            if not written:
+                return False
+            news = [NewEvent(EVENT_DEPLOYMENT, m) for m in change.messages]
+            if change.withdraw:
+                conn.execute(
+                    update(deployments)
+                    .where(deployments.c.id == dep.id)
+                    .values(state=DEPLOYMENT_ABORTED)
+                )
+            if change.complete:
+                for old in supersede_older(conn, dep.skill, dep.group, dep.id):
+                    news.append(
+                        NewEvent(
+                            EVENT_DEPLOYMENT,
+                            f"deployment {old} superseded by deployment {dep.id} "
+                            "(its rollout completed)",
+                        )
+                    )
+            if change.complete or change.withdraw:
+                recompute(conn, group_clause(conn, dep.group))
+            elif change.touched:
+                recompute(conn, devices.c.device_id.in_(sorted(change.touched)))
+            if news:
+                insert_events(conn, news, at_ms=now_ms)
+        return True
+
+    def add_rollout_command(self, deployment_id: int, kind: str, *, now_ms: int) -> RolloutRecord:
+        """Hand the rollout an operator's command (``pause``, ``resume``, ``abort``, ``rollback``).
+
+        The leader's rollout loop carries it out on its next pass.
+
+        Raises:
+            ValidationError: An unknown command, a deployment that is not staged,
+                or a rollout that has ended.
+            NotFoundError: No deployment with that id.
+            StoreError: The database failed.
+        """
+        if kind not in COMMANDS:
+            raise ValidationError(f"unknown rollout command {kind!r}; known: {', '.join(COMMANDS)}")
+        check.counter(now_ms, "now_ms")
+        with self._tx(write=True) as conn:
+            row = conn.execute(_joined().where(deployments.c.id == deployment_id)).first()
+            if row is None:
+                known = select(deployments.c.id).where(deployments.c.id == deployment_id)
+                if conn.execute(known).first() is None:
+                    raise NotFoundError(f"no deployment {deployment_id}")
+                raise ValidationError(
+                    f"deployment {deployment_id} rolls out all at once; only a staged rollout"
+                    f" takes {kind}"
+                )
+            found = _record(row)
+            if found.phase in _ENDED or found.deployment.state != DEPLOYMENT_ACTIVE:
+                raise ValidationError(
+                    f"deployment {deployment_id} is {found.deployment.state} and its rollout "
+                    f"{found.phase}; it takes no {kind}"
+                )
+            commands = _compact([*found.commands, (kind, now_ms)])
+            conn.execute(
+                update(rollouts)
+                .where(rollouts.c.deployment_id == deployment_id)
+                .values(commands=_canonical(commands))
+            )
+            text = f"deployment {deployment_id}: {kind} asked by operator"
+            insert_events(conn, [NewEvent(EVENT_DEPLOYMENT, text)], at_ms=now_ms)
+        return RolloutRecord(**{**found.__dict__, "commands": tuple(commands)})
+
+    def set_fleet_stop(self, on: bool, *, now_ms: int) -> bool:
+        """Turn the fleet-wide stop switch on or off; no rollout moves a device while it is on.
+
+        Returns:
+            Whether the switch changed.
+
+        Raises:
+            ValidationError: A malformed time.
+            StoreError: The database failed.
+        """
+        check.counter(now_ms, "now_ms")
+        values = {"stopped": bool(on), "changed_ms": now_ms}
+        with self._tx(write=True) as conn:
+            row = conn.execute(
+                select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)
+            ).first()
+            if bool(row.stopped if row else False) == bool(on):
+                return False
+            if row is None:
+                conn.execute(fleet_controls.insert().values(id=FLEET_ROW, **values))
+            else:
+                conn.execute(
+                    update(fleet_controls).where(fleet_controls.c.id == FLEET_ROW).values(values)
+                )
+            text = (
+                "fleet stop switch on: no rollout moves a device"
+                if on
+                else ("fleet stop switch off: rollouts carry on")
+            )
+            insert_events(conn, [NewEvent(EVENT_DEPLOYMENT, text)], at_ms=now_ms)
+        return True
+
+    def fleet_stopped(self) -> bool:
+        """Whether the fleet-wide stop switch is on.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        with self._tx() as conn:
+            row = conn.execute(
+                select(fleet_controls.c.stopped).where(fleet_controls.c.id == FLEET_ROW)
+            ).first()
+        return bool(row.stopped) if row else False

@@ -1,0 +1,362 @@
+"""Running a simulation: hub home, hub processes, worker processes, deployments, the report.
+
+:func:`run_sim` is the whole run; the CLI (``edgeskill sim``) only turns
+options into :class:`~edgeskill.sim.params.SimSettings` and errors into exit
+statuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.live import Live
+
+from cloud.errors import HubError
+from cloud.rollout import parse_strategy
+from cloud.service import FleetService
+from cloud.service.deployments import DeploymentService
+from cloud.service.views import DeviceView
+from edgeskill.processes import Fleet
+from edgeskill.sim.hubside import (
+    GROUP,
+    LABELS,
+    SKILL,
+    HubEndpoints,
+    open_home,
+    publish_versions,
+    start_hubs,
+    write_claim,
+)
+from edgeskill.sim.params import SKILL_VERSIONS, DevicePlan, SimSettings, SimSettingsError
+from edgeskill.sim.params import plan_devices as _plan_devices
+from edgeskill.sim.report import (
+    Progress,
+    RunSummary,
+    VersionCount,
+    VersionSummary,
+    merge_versions,
+    percentile,
+    progress_table,
+    summary_table,
+    tally,
+    write_json,
+)
+from edgeskill.sim.runtime import synthetic_source
+from edgeskill.sim.worker import WorkerSpec
+
+__all__ = ["SimFailedError", "check_deploy_options", "run_sim"]
+
+POLL_S = 0.5
+WORKER_STOP_S = 30.0
+
+
+class SimFailedError(Exception):
+    """The run could not go on (a worker died, the fleet never connected)."""
+
+
+def check_deploy_options(settings: SimSettings) -> None:
+    """Refuse an unknown ``--strategy``, or ``--plan`` where deployments take none yet.
+
+    Raises:
+        SimSettingsError: the strategy is unknown, or ``settings.plan`` is set and
+            deployments have no ``plan``.
+    """
+    try:
+        parse_strategy(settings.strategy)
+    except HubError as exc:
+        raise SimSettingsError(f"--strategy: {exc}") from None
+    if settings.plan and "plan" not in inspect.signature(DeploymentService.create).parameters:
+        raise SimSettingsError("--plan: this hub's deployments do not take a rollout plan yet")
+
+
+@dataclass
+class _Run:
+    settings: SimSettings
+    service: FleetService
+    workers: Fleet
+    status_files: list[Path]
+    console: Console
+    started_at: float = field(default_factory=time.monotonic)
+    last_inferences: tuple[float, int] = (0.0, 0)
+    views: list[DeviceView] = field(default_factory=list)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        found = []
+        for path in self.status_files:
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                found.append(json.loads(path.read_text(encoding="utf-8")))
+        return found
+
+    def check_workers(self) -> None:
+        for name, proc in self.workers.procs.items():
+            if proc.poll() is not None:
+                raise SimFailedError(f"{name} exited with status {proc.returncode}")
+
+    def look(self, phase: str) -> Progress:
+        """Poll the workers and the hub once."""
+        self.check_workers()
+        statuses = self.statuses()
+        self.views = self.service.devices.list(LABELS)
+        now = time.monotonic()
+        total = sum(v["inferences"] for s in statuses for v in s.get("versions", {}).values())
+        then, before = self.last_inferences
+        rate = (total - before) / (now - then) if then and now > then else 0.0
+        self.last_inferences = (now, total)
+        return Progress(
+            phase=phase,
+            devices=self.settings.devices,
+            started=sum(s["started"] for s in statuses),
+            connected=sum(s["connected"] for s in statuses),
+            registered=len(self.views),
+            online=sum(v.online for v in self.views),
+            counts=tally(self.views, SKILL),
+            inferences_per_s=rate,
+            disconnects=sum(s["disconnects"] for s in statuses),
+            crashes=sum(s["crashes"] for s in statuses),
+        )
+
+    def watch(
+        self, live: Live, phase: str, done: Callable[[Progress], bool], timeout_s: float
+    ) -> bool:
+        """Poll until ``done`` holds or ``timeout_s`` passes; whether it held."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            progress = self.look(phase)
+            live.update(progress_table(progress))
+            if done(progress):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+
+
+@dataclass
+class _Deployed:
+    converged: bool
+    converge_s: float
+    active_s: list[float]
+
+
+def run_sim(settings: SimSettings, console: Console) -> int:
+    """Run one simulation and print its summary; returns the exit status (0: all converged).
+
+    Raises:
+        SimSettingsError: the settings cannot run (nothing was created).
+        HubError: the hub home cannot be made or opened, or publishing failed.
+        SimFailedError: a worker process died.
+        OSError: a process could not be started or a file written.
+    """
+    check_deploy_options(settings)
+    service = open_home(settings, Path()) if settings.home is not None else None
+    work = settings.workdir or Path(tempfile.mkdtemp(prefix="edgeskill-sim-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ok = False
+    try:
+        service = service or open_home(settings, work)
+        with service:
+            ok = _simulate(settings, service, work, console)
+    finally:
+        if settings.workdir is None and ok:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            console.print(f"state and logs in {work}")
+    return 0 if ok else 1
+
+
+def _simulate(settings: SimSettings, service: FleetService, work: Path, console: Console) -> bool:
+    publish_versions(service, work)
+    plans = _plan_devices(settings)
+    source = work / "source.npz"
+    replay = synthetic_source(seed=settings.seed)
+    with source.open("wb") as fh:
+        np.savez(fh, x=replay.x, y=np.asarray(replay.y))
+    claim = None if settings.insecure else write_claim(service, settings.devices, work)
+    logs = work / "logs"
+    hubs, workers, broker = Fleet(logs), Fleet(logs), Fleet(logs)
+    deployed: dict[str, _Deployed] = {}
+    connect_s: float | None = None
+    run: _Run | None = None
+    try:
+        endpoints = start_hubs(settings, service, hubs, broker, work)
+        files = _start_workers(settings, plans, endpoints, work, source, claim, workers)
+        run = _Run(settings, service, workers, files, console)
+        with Live(console=console, refresh_per_second=4) as live:
+            connect_s = _connect(run, live)
+            if connect_s is not None:
+                for version in settings.deploy:
+                    deployed[version] = _deploy(run, live, version)
+                if settings.soak_s:
+                    run.watch(live, "soak", lambda _: False, settings.soak_s)
+    finally:
+        _stop_workers(workers)
+        final = run.statuses() if run is not None else []
+        views = service.devices.list(LABELS)
+        hubs.stop_all()
+        broker.stop_all()
+    summary = _summary(settings, service, final, views, connect_s, deployed)
+    console.print(summary_table(summary))
+    if settings.json_out is not None:
+        write_json(summary, settings.json_out)
+    return summary.ok
+
+
+def _stop_workers(workers: Fleet) -> None:
+    """SIGTERM every worker at once, then wait: each writes its final status as it ends."""
+    for proc in workers.procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for name in list(workers.procs):
+        workers.stop(name, timeout_s=WORKER_STOP_S)
+
+
+def _start_workers(
+    settings: SimSettings,
+    plans: list[DevicePlan],
+    endpoints: HubEndpoints,
+    work: Path,
+    source: Path,
+    claim: Path | None,
+    workers: Fleet,
+) -> list[Path]:
+    files = []
+    per = -(-len(plans) // settings.procs)
+    for i in range(settings.procs):
+        share = plans[i * per : (i + 1) * per]
+        if not share:
+            break
+        spec = WorkerSpec(
+            devices=share,
+            hub_urls=endpoints.hub_urls,
+            enroll_urls=endpoints.enroll_urls,
+            first_index=i * per,
+            state_root=work / "agents",
+            status_file=work / f"worker-{i}.status.json",
+            trusted_root=endpoints.trusted_root,
+            source=source,
+            labels=dict(LABELS),
+            specs=dict(settings.versions),
+            insecure=settings.insecure,
+            hub_ca=None if settings.insecure else endpoints.ca,
+            claim_token_file=claim,
+            crash_rate=settings.crash_rate,
+            disconnect_rate=settings.disconnect_rate,
+            slow_link_ms=settings.slow_link_ms,
+            rate_hz=settings.rate_hz,
+            telemetry_window_s=settings.telemetry_window_s,
+            seed=settings.seed,
+        )
+        path = work / f"worker-{i}.json"
+        path.write_text(spec.to_json(), encoding="utf-8")
+        workers.spawn(f"worker-{i}", [sys.executable, "-m", "edgeskill.sim.worker", str(path)])
+        files.append(spec.status_file)
+    return files
+
+
+def _connect(run: _Run, live: Live) -> float | None:
+    """Wait until every agent is connected and registered with the hub; the seconds it took.
+
+    Registered, not online: the hub's presence follows heartbeats, which a busy
+    hub records late, so it lags behind connections in a large fleet.
+    """
+    n = run.settings.devices
+    started = time.monotonic()
+    if not run.watch(
+        live,
+        "connecting",
+        lambda p: p.connected >= n and p.registered >= n,
+        run.settings.connect_timeout_s,
+    ):
+        return None
+    return time.monotonic() - started
+
+
+def _deploy(run: _Run, live: Live, version: str) -> _Deployed:
+    """Deploy ``version`` to the fleet and wait until every device runs it or failed it."""
+    kwargs: dict[str, Any] = {"strategy": run.settings.strategy}
+    if run.settings.plan:
+        kwargs["plan"] = run.settings.plan
+    run.service.deployments.create(SKILL, version, GROUP, **kwargs)
+    started = time.monotonic()
+    active: dict[str, float] = {}
+
+    def done(progress: Progress) -> bool:
+        now = time.monotonic() - started
+        for view in run.views:
+            state = view.skill(SKILL)
+            if state is not None and (state.version, state.state) == (version, "running"):
+                active.setdefault(view.device_id, now)
+        count = progress.counts.get(version, VersionCount())
+        return count.running + count.failed >= len(run.views) > 0
+
+    converged = run.watch(live, f"deploying {version}", done, run.settings.converge_timeout_s)
+    return _Deployed(converged, time.monotonic() - started, sorted(active.values()))
+
+
+def _summary(
+    settings: SimSettings,
+    service: FleetService,
+    statuses: list[dict[str, Any]],
+    views: list[DeviceView],
+    connect_s: float | None,
+    deployed: dict[str, _Deployed],
+) -> RunSummary:
+    kpis = merge_versions(statuses)
+    counts = tally(views, SKILL)
+    ids = {v.device_id for v in views}
+    try:
+        by_device = service.telemetry.inferences_by_device()
+    except HubError:
+        by_device = {}
+    rows = []
+    for version in SKILL_VERSIONS:
+        k, c, d = kpis.get(version), counts.get(version, VersionCount()), deployed.get(version)
+        if k is None and d is None and not c.running:
+            continue
+        rows.append(
+            VersionSummary(
+                version=version,
+                devices_running=c.running,
+                failed_installs=c.failed,
+                inferences=k.inferences if k else 0,
+                accuracy=k.correct / k.inferences if k and k.inferences else None,
+                latency_p50_ms=percentile(k.latencies_ms, 50) if k else None,
+                latency_p99_ms=percentile(k.latencies_ms, 99) if k else None,
+                deployed=d is not None,
+                converged=d is not None and d.converged,
+                converge_s=d.converge_s if d else None,
+                active_p50_s=percentile(d.active_s, 50) if d else None,
+                active_p99_s=percentile(d.active_s, 99) if d else None,
+            )
+        )
+    enrol = [t for s in statuses for t in s.get("enrol_s", [])]
+    ok = connect_s is not None and all(d.converged for d in deployed.values())
+    return RunSummary(
+        transport=settings.transport,
+        devices=settings.devices,
+        started=sum(s["started"] for s in statuses),
+        hubs=settings.hubs,
+        procs=settings.procs,
+        secure=not settings.insecure,
+        connect_s=connect_s,
+        enrol_p50_s=percentile(enrol, 50),
+        enrol_p99_s=percentile(enrol, 99),
+        disconnects=sum(s["disconnects"] for s in statuses),
+        crashes=sum(s["crashes"] for s in statuses),
+        device_inferences=sum(k.inferences for k in kpis.values()),
+        hub_inferences=sum(n for d, n in by_device.items() if d in ids),
+        versions=rows,
+        ok=ok and len(deployed) == len(settings.deploy),
+    )

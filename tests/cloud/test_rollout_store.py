@@ -1,0 +1,299 @@
+"""Staged rollouts in the store, driven by the rollout loop, on SQLite and PostgreSQL.
+
+Devices and their reports are written to the store as the hub's servers write
+them; the loop runs one pass at a time on a clock the test sets.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from cloud.errors import NotFoundError, ValidationError
+from cloud.rollout.plan import plan_from_dict
+from cloud.rollout.state import RolloutState
+from cloud.rollout_loop import RolloutLoop
+from cloud.store import SkillStatusRecord, Store, TelemetryRecord
+from cloud.store.rollouts import RolloutUpdate
+
+CAMERA = {"kind": "camera"}
+DEVICES = [f"cam-{i:02d}" for i in range(20)]
+#: A canary of 5 devices whose gates need 5 samples, then the rest at once.
+CANARY = {"strategy": "canary", "canary": 5, "min_samples": 5, "wave_interval_s": 0}
+
+
+class Clock:
+    """A settable clock in ms."""
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def add_skill(store: Store, version: str) -> None:
+    store.add_skill_version(
+        "face", version, target_name=f"face-{version}.skill", sha256="a" * 64, size=1,
+        manifest="[skill]", now_ms=1,
+    )  # fmt: skip
+
+
+def desired(store: Store, device: str) -> str:
+    skills = store.desired_for(device).skills
+    return skills[0].version if skills else ""
+
+
+def report(store: Store, device: str, version: str, state: str, wanted: str, at: int) -> None:
+    generation = store.desired_for(device).generation
+    status = SkillStatusRecord("face", version, state, desired_version=wanted)
+    store.save_report(device, generation, [status], now_ms=at)
+
+
+def fleet_on_v1(store: Store, clock: Clock) -> int:
+    """20 cameras running face 1.0.0 from an all-at-once deployment; its id."""
+    for device in DEVICES:
+        store.register_device(device, CAMERA, {}, now_ms=clock.now)
+    store.create_group("cams", "kind=camera")
+    add_skill(store, "1.0.0")
+    add_skill(store, "2.0.0")
+    old = store.create_deployment("face", "1.0.0", "cams", now_ms=clock.now)
+    for device in DEVICES:
+        report(store, device, "1.0.0", "running", "1.0.0", clock.now)
+    return old.id
+
+
+def admitted_devices(store: Store, dep_id: int) -> dict[str, str]:
+    rollout = store.rollouts_of([dep_id])[dep_id]
+    return dict(rollout.admitted or {})
+
+
+def phase(store: Store, dep_id: int) -> str:
+    return store.rollouts_of([dep_id])[dep_id].phase
+
+
+def messages(store: Store) -> list[str]:
+    return [e.message for e in store.events(kind="deployment", limit=1000)]
+
+
+def step(loop: RolloutLoop, clock: Clock, ms: int = 1000) -> None:
+    clock.now += ms
+    loop.pass_once()
+
+
+def test_a_staged_deployment_supersedes_nothing_until_its_rollout_completes(store: Store) -> None:
+    clock = Clock()
+    old_id = fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    assert new.strategy == "canary"
+    assert store.get_deployment(old_id).state == "active"
+    assert {desired(store, d) for d in DEVICES} == {"1.0.0"}
+    assert phase(store, new.id) == "pending"
+
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    canary = admitted_devices(store, new.id)
+    assert len(canary) == 5 and set(canary.values()) == {"2.0.0"}
+    for device in DEVICES:
+        assert desired(store, device) == ("2.0.0" if device in canary else "1.0.0")
+    assert phase(store, new.id) == "canary"
+    step(loop, clock)  # nothing reported yet: the canary is in flight, nothing more moves
+    assert admitted_devices(store, new.id) == canary
+
+    for device in canary:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    step(loop, clock)
+    assert len(admitted_devices(store, new.id)) == 20  # gates passed: the rest opened
+    for device in set(DEVICES) - set(canary):
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    step(loop, clock)
+    step(loop, clock)
+    assert phase(store, new.id) == "completed"
+    assert store.rollouts_of([new.id])[new.id].admitted is None  # reaches every device now
+    assert store.get_deployment(old_id).state == "superseded"
+    assert {desired(store, d) for d in DEVICES} == {"2.0.0"}
+    log = messages(store)
+    assert any("canary opened: 5 -> 2.0.0 (of 20 devices)" in m for m in log)
+    assert any("gates passed: install failures 0.0% (0 of 5)" in m for m in log)
+    assert any(f"deployment {old_id} superseded by deployment {new.id}" in m for m in log)
+    assert any("rollout completed: 20 devices moved" in m for m in log)
+
+
+def test_a_failing_gate_rolls_the_canary_back_and_leaves_the_old_deployment(store: Store) -> None:
+    clock = Clock()
+    old_id = fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    canary = sorted(admitted_devices(store, new.id))
+    generations = {d: store.desired_for(d).generation for d in DEVICES}
+    for device in canary[:2]:  # the agent fell back to 1.0.0 after 2.0.0 failed
+        report(store, device, "1.0.0", "rolled_back", "2.0.0", clock.now)
+    for device in canary[2:]:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    step(loop, clock)
+
+    assert phase(store, new.id) == "rolled_back"
+    assert store.get_deployment(new.id).state == "aborted"
+    assert store.get_deployment(old_id).state == "active"
+    assert {desired(store, d) for d in DEVICES} == {"1.0.0"}
+    for device in DEVICES:  # only the moved devices got a new desired state
+        moved = device in canary
+        assert store.desired_for(device).generation == generations[device] + moved
+    log = messages(store)
+    assert any(
+        "rollout rolled back: gate failed: install failures 40.0% (2 of 5), limit 10.0%; "
+        "5 devices return to their previous version" in m
+        for m in log
+    ), log
+    assert store.driven_rollouts() == []
+    with pytest.raises(ValidationError, match="takes no pause"):
+        store.add_rollout_command(new.id, "pause", now_ms=clock.now)
+
+
+def test_pause_holds_the_waves_and_resume_lets_them_go_on(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    canary = admitted_devices(store, new.id)
+    store.add_rollout_command(new.id, "pause", now_ms=clock.now)
+    for device in canary:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    for _ in range(3):
+        step(loop, clock)
+    assert admitted_devices(store, new.id) == canary
+    assert phase(store, new.id) == "paused"
+    assert any("rollout paused: paused by operator" in m for m in messages(store))
+
+    store.add_rollout_command(new.id, "resume", now_ms=clock.now)
+    step(loop, clock)
+    assert len(admitted_devices(store, new.id)) == 20
+    assert any("rollout resumed" in m for m in messages(store))
+
+
+def test_the_fleet_stop_switch_holds_every_rollout(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    assert store.set_fleet_stop(True, now_ms=clock.now)
+    assert not store.set_fleet_stop(True, now_ms=clock.now)
+    assert store.fleet_stopped()
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    assert admitted_devices(store, new.id) == {}
+    assert phase(store, new.id) == "paused"
+    assert store.set_fleet_stop(False, now_ms=clock.now)
+    step(loop, clock)
+    assert len(admitted_devices(store, new.id)) == 5
+
+
+def test_operator_rollback_reverts_and_abort_keeps_the_moved_devices(store: Store) -> None:
+    clock = Clock()
+    old_id = fleet_on_v1(store, clock)
+    plan = plan_from_dict(CANARY)
+    first = store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now)
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    canary = admitted_devices(store, first.id)
+    store.add_rollout_command(first.id, "abort", now_ms=clock.now)
+    step(loop, clock)
+    assert phase(store, first.id) == "aborted"
+    assert store.get_deployment(first.id).state == "active"  # the moved devices keep 2.0.0
+    for device in DEVICES:
+        assert desired(store, device) == ("2.0.0" if device in canary else "1.0.0")
+    step(loop, clock)
+    assert admitted_devices(store, first.id) == canary  # an aborted rollout moves nothing
+
+    store.abort_deployment(first.id, now_ms=clock.now)
+    second = store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now)
+    step(loop, clock)
+    assert len(admitted_devices(store, second.id)) == 5
+    store.add_rollout_command(second.id, "rollback", now_ms=clock.now)
+    step(loop, clock)
+    assert phase(store, second.id) == "rolled_back"
+    assert {desired(store, d) for d in DEVICES} == {"1.0.0"}
+    assert store.get_deployment(old_id).state == "active"
+
+
+def test_a_stale_pass_is_refused_and_changes_nothing(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    stale = store.rollouts_of([new.id])[new.id]
+    RolloutLoop(store, clock=clock).pass_once()  # another leader got there first
+    moved = RolloutState(version="2.0.0").to_json()
+    change = RolloutUpdate(
+        new.id, stale.state, moved, "wave", dict.fromkeys(DEVICES, "2.0.0"), frozenset(DEVICES)
+    )
+    assert not store.save_rollout(change, now_ms=clock.now)
+    assert len(admitted_devices(store, new.id)) == 5
+    assert sum(desired(store, d) == "2.0.0" for d in DEVICES) == 5
+
+
+def test_rollout_commands_are_refused_with_one_clear_line(store: Store) -> None:
+    clock = Clock()
+    old_id = fleet_on_v1(store, clock)
+    with pytest.raises(ValidationError, match=f"deployment {old_id} rolls out all at once"):
+        store.add_rollout_command(old_id, "pause", now_ms=clock.now)
+    with pytest.raises(NotFoundError, match="no deployment 999"):
+        store.add_rollout_command(999, "pause", now_ms=clock.now)
+    with pytest.raises(ValidationError, match="unknown rollout command 'stop'"):
+        store.add_rollout_command(old_id, "stop", now_ms=clock.now)
+
+
+def test_a_higher_priority_wins_over_a_newer_deployment(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    store.create_group("night", "kind=camera")
+    special = plan_from_dict({"priority": 10})
+    store.create_deployment("face", "2.0.0", "night", plan=special, now_ms=clock.now)
+    store.create_deployment("face", "1.0.0", "cams", now_ms=clock.now)  # newer, priority 0
+    assert {desired(store, d) for d in DEVICES} == {"2.0.0"}
+
+
+def test_an_ab_rollout_splits_the_group_and_compares_kpis(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    add_skill(store, "3.0.0")
+    plan = plan_from_dict(
+        {"strategy": "ab", "ab": {"control": "1.0.0", "weight": 50}, "min_samples": 5}
+    )
+    new = store.create_deployment("face", "3.0.0", "cams", plan=plan, now_ms=clock.now)
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    split = admitted_devices(store, new.id)
+    assert set(split) == set(DEVICES) and set(split.values()) == {"1.0.0", "3.0.0"}
+    for device, version in split.items():
+        skill = store.desired_for(device).skills[0]
+        assert (skill.version, skill.target_name) == (version, f"face-{version}.skill")
+        record = TelemetryRecord(
+            "face", version, 100, 100, 90, 2.0, 9.0, clock.now - 500, clock.now, received_ms=0
+        )
+        store.add_telemetry(f"{device}-1", device, record)
+    step(loop, clock)
+    state = RolloutState.from_json(store.rollouts_of([new.id])[new.id].state)
+    assert {(d, v) for d, v in state.kpis} == set(split.items())
+
+
+def test_corrupt_rollout_rows_are_skipped_not_fatal(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    with store.engine.begin() as conn:
+        conn.execute(text('UPDATE rollouts SET plan = \'{"strategy": "nope"}\''))
+    assert RolloutLoop(store, clock=clock).pass_once() == 0
+    assert admitted_devices(store, new.id) == {}

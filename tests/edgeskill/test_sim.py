@@ -1,0 +1,257 @@
+"""`edgeskill sim`: real agents in worker processes against a real hub, and its simulated runtime.
+
+The end-to-end runs deploy 1.0.0 then 2.0.0 to 60 devices over two worker
+processes, with 20% of 2.0.0's installs failing. Which devices fail is a
+seeded draw of exactly ``round(60 * 0.2) = 12`` devices, so the summary's
+counts are checked exactly: 12 failed installs of 2.0.0, those 12 back on
+1.0.0, the other 48 running 2.0.0. Accuracy is checked against the chosen
+value within 0.1 (a few hundred answers: three standard deviations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from edge_agent.errors import HealthCheckError, SandboxError, TransportError
+from edgeskill.cli import app
+from edgeskill.sim.faults import FaultCounters, FaultyTransport
+from edgeskill.sim.params import (
+    SimSettings,
+    SimSettingsError,
+    VersionSpec,
+    parse_board_mix,
+    parse_version_values,
+    plan_devices,
+)
+from edgeskill.sim.runtime import (
+    BOARD_SPEED,
+    SimStats,
+    SimulatedLauncher,
+    SimulatedSkillProcess,
+    synthetic_source,
+)
+from protos import pb
+from skills.manifest import Manifest
+from tests.fakes.scripted_transport import ScriptedTransport
+from tests.support.services import mqtt_url
+
+DEVICES = 60
+
+
+def _sim(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgeskill.cli", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=tmp_path,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def _rows(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["version"]: row for row in summary["versions"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["grpc", "mqtt"])
+def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
+    tmp_path: Path, transport: str
+) -> None:
+    out = tmp_path / "summary.json"
+    args = ["--devices", str(DEVICES), "--procs", "2", "--deploy", "1.0.0", "--deploy", "2.0.0"]
+    args += ["--fail-installs", "2.0.0=0.2", "--accuracy", "1.0.0=0.9,2.0.0=0.7"]
+    args += ["--latency-ms", "2.0.0=30", "--rate", "5", "--soak", "2", "--json", str(out)]
+    if transport == "mqtt":
+        # The test broker is plain: agents and hub under a topic prefix of their own.
+        prefix = f"es-test/sim-{uuid.uuid4().hex[:12]}"
+        broker = mqtt_url(prefix, session_expiry=60, keepalive=30)
+        args += ["--transport", "mqtt", "--insecure", "--mqtt-url", broker]
+    # Over gRPC the default: every agent enrols with a claim token and speaks mutual TLS.
+    result = _sim(tmp_path, *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    assert (summary["started"], summary["secure"]) == (DEVICES, transport == "grpc")
+    if transport == "grpc":
+        assert summary["enrol_p50_s"] is not None
+    rows = _rows(summary)
+    assert (rows["2.0.0"]["failed_installs"], rows["2.0.0"]["devices_running"]) == (12, 48)
+    assert (rows["1.0.0"]["failed_installs"], rows["1.0.0"]["devices_running"]) == (0, 12)
+    assert rows["1.0.0"]["converged"] and rows["2.0.0"]["converged"]
+    assert abs(rows["1.0.0"]["accuracy"] - 0.9) < 0.1
+    assert abs(rows["2.0.0"]["accuracy"] - 0.7) < 0.1
+    # 30 ms against the default 10 ms, on the same mix of boards.
+    assert rows["2.0.0"]["latency_p50_ms"] > 2 * rows["1.0.0"]["latency_p50_ms"]
+    assert 0 < summary["hub_inferences"] <= summary["device_inferences"]
+    assert "2.0.0" in result.stdout and "failed installs" in result.stdout
+    assert not (tmp_path / "edgeskill-sim").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--devices", "0"], "--devices 0"),
+        (["--devices", "5", "--fail-installs", "2.0.0=1.5"], "2.0.0=1.5"),
+        (["--devices", "5", "--accuracy", "2.0.0"], "VERSION=NUMBER"),
+        (["--devices", "5", "--deploy", "3.0.0"], "3.0.0"),
+        (["--devices", "5", "--hubs", "2"], "--store-url"),
+        (["--devices", "5", "--procs", "6"], "--procs 6"),
+        (["--devices", "5", "--boards", "toaster=1"], "toaster"),
+        (["--devices", "5", "--transport", "mqtt", "--insecure"], "--mqtt-url"),
+        (["--devices", "5", "--strategy", "yolo"], "yolo"),
+    ],
+)
+def test_sim_refuses_bad_settings_with_one_line_and_creates_nothing(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    work = tmp_path / "work"
+    result = CliRunner().invoke(app, ["sim", *args, "--workdir", str(work)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and result.stdout == ""
+    assert not work.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _manifest(version: str) -> Manifest:
+    return Manifest.from_toml(
+        (Path(__file__).resolve().parents[2] / "skills/library/digits/skill.toml")
+        .read_text(encoding="utf-8")
+        .replace('version = "1.0.0"', f'version = "{version}"')
+    )
+
+
+def _answers(proc: SimulatedSkillProcess, n: int) -> tuple[float, list[float]]:
+    source = synthetic_source(items=n, seed=3)
+    right, latencies = 0, []
+    for i in range(n):
+        item, label = source.item(i)
+        result, ms = proc.process(item)
+        right += int(result["label"] == label)
+        latencies.append(ms)
+    return right / n, latencies
+
+
+def test_simulated_skill_answers_with_the_versions_accuracy_and_the_boards_latency() -> None:
+    spec = VersionSpec(accuracy=0.8, latency_ms=10.0)
+    stats = SimStats()
+    fast = SimulatedSkillProcess(_manifest("2.0.0"), spec, 1.0, stats, random.Random(1))
+    slow = SimulatedSkillProcess(
+        _manifest("2.0.0"), spec, BOARD_SPEED["rpi"], stats, random.Random(2)
+    )
+    accuracy, fast_ms = _answers(fast, 2000)
+    _, slow_ms = _answers(slow, 2000)
+    assert abs(accuracy - 0.8) < 0.03  # 3.4 standard deviations of 2000 draws
+    assert statistics.median(fast_ms) == pytest.approx(10.0, rel=0.05)
+    assert statistics.median(slow_ms) == pytest.approx(40.0, rel=0.05)
+    counted = stats.snapshot()["versions"]["2.0.0"]
+    assert counted["inferences"] == 4000
+    assert len(counted["latencies_ms"]) == 4000
+
+
+def test_simulated_skill_crashes_at_its_drawn_time_and_counts_it_once() -> None:
+    now = [0.0]
+    stats = SimStats()
+    proc = SimulatedSkillProcess(
+        _manifest("1.0.0"), VersionSpec(), 1.0, stats, random.Random(0),
+        crash_rate=60.0, clock=lambda: now[0],
+    )  # fmt: skip
+    assert proc.alive and proc.kill_reason is None
+    now[0] = 1e6
+    assert not proc.alive and not proc.alive
+    assert proc.kill_reason == "simulated crash"
+    with pytest.raises(SandboxError, match="simulated crash"):
+        proc.process(synthetic_source(1).item(0)[0])
+    assert stats.crashes == 1
+    stopped = SimulatedSkillProcess(_manifest("1.0.0"), VersionSpec(), 1.0, stats, random.Random())
+    stopped.stop()
+    assert not stopped.alive and stopped.kill_reason is None
+
+
+def test_simulated_launcher_fails_the_health_check_of_the_versions_drawn_for_the_device(
+    tmp_path: Path,
+) -> None:
+    stats = SimStats()
+    launcher = SimulatedLauncher("sim-1", "jetson", {}, frozenset({"2.0.0"}), stats)
+    for version in ("1.0.0", "2.0.0"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "skill.toml").write_text(
+            _manifest(version).to_toml(), encoding="utf-8"
+        )
+    proc = launcher(tmp_path / "1.0.0", {})
+    assert proc.alive and proc.manifest.version == "1.0.0"
+    with pytest.raises(HealthCheckError, match="simulated health check failure"):
+        launcher(tmp_path / "2.0.0", {})
+    assert (stats.starts, stats.failed_health_checks) == (1, 1)
+
+
+def test_device_plan_draws_exact_failure_counts_and_a_board_mix_repeatably() -> None:
+    settings = SimSettings(
+        devices=200,
+        versions={"2.0.0": VersionSpec(fail_rate=0.2), "1.0.0": VersionSpec(fail_rate=0.01)},
+        boards=parse_board_mix("x86-cpu=3,rpi=1"),
+        seed=7,
+    )
+    plans = plan_devices(settings)
+    assert plans == plan_devices(settings)
+    assert len({p.device_id for p in plans}) == 200
+    assert sum("2.0.0" in p.fail_versions for p in plans) == 40
+    assert sum("1.0.0" in p.fail_versions for p in plans) == 2
+    assert [p.board for p in plans].count("rpi") == 50
+    other = plan_devices(SimSettings(devices=200, versions=settings.versions, seed=8))
+    assert {p.device_id for p in plans if p.fail_versions} != {
+        p.device_id for p in other if p.fail_versions
+    }
+
+
+def test_version_values_are_parsed_and_bad_ones_named() -> None:
+    assert parse_version_values(["1.0.0=0.9,2.0.0=0.85"], "--accuracy", low=0, high=1) == {
+        "1.0.0": 0.9,
+        "2.0.0": 0.85,
+    }
+    for bad in ("2.0.0", "2.0.0=x", "2.0.0=nan", "=0.5", "2.0.0=-1"):
+        with pytest.raises(SimSettingsError, match="--accuracy"):
+            parse_version_values([bad], "--accuracy", low=0, high=1)
+    with pytest.raises(SimSettingsError, match="twice"):
+        parse_version_values(["2.0.0=0.1", "2.0.0=0.2"], "--accuracy", low=0, high=1)
+
+
+def test_faulty_transport_cuts_the_session_at_its_drawn_rate_and_delays_messages() -> None:
+    async def main() -> tuple[FaultCounters, float]:
+        counters = FaultCounters()
+        link = FaultyTransport(
+            ScriptedTransport(b"x" * 10),
+            counters,
+            random.Random(0),
+            disconnect_rate=600_000.0,  # a cut every 0.1 ms on average
+            slow_link_ms=20.0,
+        )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await link.connect(pb.Envelope())
+        lag = loop.time() - started
+        assert counters.connected == 1
+        with pytest.raises(TransportError, match="simulated disconnect"):
+            await asyncio.wait_for(link.receive(), 5)
+        await link.send(pb.Envelope())  # one cut per session: the rest passes through
+        assert await link.fetch("bundle", 100) == b"x" * 10
+        await link.close()
+        await link.close()
+        return counters, lag
+
+    counters, lag = asyncio.run(main())
+    assert (counters.disconnects, counters.sessions, counters.connected) == (1, 1, 0)
+    assert lag >= 0.02 and not math.isinf(lag)
