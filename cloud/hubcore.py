@@ -74,7 +74,7 @@ class HubLimits:
     max_labels: int = MAX_DEVICE_LABELS
     max_skills_reported: int = MAX_REPORTED_SKILLS
     #: Telemetry group commit: windows per transaction, and the longest wait for a batch.
-    telemetry_batch_items: int = 256
+    telemetry_batch_items: int = 1024
     telemetry_linger_s: float = 0.001
     #: Message ids remembered for deduplication, across all devices.
     seen_ids: int = 100_000

@@ -45,7 +45,7 @@ class MqttServerSettings:
 
     # Each device's messages go to one worker (order per device); the workers' concurrent
     # telemetry is what the hub's group commit batches, so more workers, bigger batches.
-    workers: int = 64
+    workers: int = 256
     queue_per_worker: int = 1000
     max_fetch_window: int = MAX_WINDOW
     max_fetches: int = 32

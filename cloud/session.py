@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Hashable
@@ -73,9 +75,15 @@ class DropReason(StrEnum):
     REVOKED_CERTIFICATE = "revoked-certificate"  #: a certificate on the revocation list
 
 
+#: Ack ids: unique per hub process and cheap (a random prefix and a counter, not uuid4).
+_ACK_PREFIX = f"a{os.urandom(6).hex()}-"
+_ack_numbers = itertools.count()
+
+
 def ack_envelope(device_id: str, msg_id: str) -> pb.Envelope:
     """The hub's acknowledgement of one message."""
-    return make_envelope(device_id, correlation_id=msg_id, ack=pb.Ack(ids=[msg_id]))
+    ack_id = f"{_ACK_PREFIX}{next(_ack_numbers):x}"
+    return make_envelope(device_id, msg_id=ack_id, correlation_id=msg_id, ack=pb.Ack(ids=[msg_id]))
 
 
 class Lru(Generic[K]):

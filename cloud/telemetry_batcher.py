@@ -6,7 +6,9 @@ same time and writes them together, flushing when a batch is full or when its
 oldest item has waited ``linger_s``. A submitter gets its answer only after
 the batch holding its window has committed, so the hub still acknowledges
 nothing that is not durably stored. When a batch fails, every submitter in it
-gets the error: nothing is acknowledged and the agents send again.
+gets the error: nothing is acknowledged and the agents send again. Windows are
+validated once, by the write; only when it refuses a batch as malformed is each
+window checked, and the bad ones are refused alone.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ class TelemetryBatcher:
             when stored or False for a duplicate (``Store.add_telemetry_many``).
             Called in a worker thread.
         check: Raises ``ValidationError`` for an item ``write`` would refuse
-            (``Store.check_telemetry``); run on each item before it joins a batch.
+            (``Store.check_telemetry``); run on each item of a batch ``write``
+            refused as malformed, to refuse the bad items alone.
         settings: Batch size, linger and caps.
     """
 
@@ -119,15 +122,14 @@ class TelemetryBatcher:
             True when stored, False when the message id was stored before.
 
         Raises:
-            ValidationError: The item is malformed; it joins no batch and the
-                others are not affected.
+            ValidationError: The item is malformed; the others in its batch are
+                stored all the same.
             BatcherClosedError: The batcher is closed.
             StoreError: The batch holding the item failed; nothing of it is stored.
         """
         if self._closed:
             raise BatcherClosedError("the telemetry batcher is closed")
         item = (msg_id, device_id, record)
-        self._check(*item)
         lane = self._lane_for_running_loop()
         async with lane.room:
             if self._closed:
@@ -199,7 +201,7 @@ class TelemetryBatcher:
 
     async def _flush(self, batch: list[_Waiting]) -> None:
         try:
-            results = await asyncio.to_thread(self._write, [w.item for w in batch])
+            results = await asyncio.to_thread(self._write_checked, [w.item for w in batch])
             if len(results) != len(batch):
                 raise StoreError(f"{len(results)} results for a batch of {len(batch)}")
         except asyncio.CancelledError:
@@ -214,5 +216,35 @@ class TelemetryBatcher:
         self.batches += 1
         self.items += len(batch)
         for waiting, stored in zip(batch, results, strict=True):
-            if not waiting.future.done():  # its submitter may have been cancelled
+            if waiting.future.done():  # its submitter may have been cancelled
+                continue
+            if isinstance(stored, ValidationError):
+                waiting.future.set_exception(stored)
+            else:
                 waiting.future.set_result(stored)
+
+    def _write_checked(self, items: list[TelemetryItem]) -> list[bool | ValidationError]:
+        """Write ``items``; when refused as malformed, write all but the bad ones (in a thread).
+
+        Returns:
+            Per item: stored (True), a duplicate (False), or why it was refused.
+        """
+        try:
+            return list(self._write(items))
+        except ValidationError:
+            pass  # rare: find the bad items, so they alone are refused
+        verdicts: list[bool | ValidationError] = []
+        good: list[TelemetryItem] = []
+        for item in items:
+            try:
+                self._check(*item)
+            except ValidationError as exc:
+                verdicts.append(exc)
+                continue
+            verdicts.append(True)
+            good.append(item)
+        written = list(self._write(good)) if good else []
+        if len(written) != len(good):
+            raise StoreError(f"{len(written)} results for a batch of {len(good)}")
+        stored = iter(written)
+        return [v if isinstance(v, ValidationError) else next(stored) for v in verdicts]

@@ -94,6 +94,10 @@ class Mosquitto:
                 f"listener {port} {HOST}",
                 "allow_anonymous true",
                 "persistence false",
+                # Like the hub's generated config: no Nagle stalls, and room for the hub's
+                # one subscriber to fall behind a thousand devices without the broker dropping.
+                "set_tcp_nodelay true",
+                "max_queued_messages 100000",
                 f"log_dest file {self.log}",
                 "log_type error",
                 "log_type warning",

@@ -1,21 +1,24 @@
-"""Transport benchmark: the hub over MQTT 5 and over gRPC, side by side, with 1,000 devices.
+"""Transport benchmark: the hub's ingest over MQTT 5 and gRPC against the raw path, in one run.
 
-Run: ``python tests/bench/bench_transport.py [--devices 1000] [--seconds 8]``.
+Run: ``python tests/bench/bench_transport.py [--devices 1000] [--seconds 8] [--procs 2]``
+(``make bench`` points it at the project's test broker).
 
-One real hub process (``edgeskill hub serve``, SQLite store) serves both transports
-at once; the benchmark starts its own Mosquitto (``set_tcp_nodelay true``, no
-persistence) on a free port. The simulated devices are light clients in this one
-process - paho clients driven by this asyncio loop, and ``grpc.aio`` streams - that
-speak the real wire protocol: register, telemetry envelopes, the hub's acks.
+Everything runs on this machine, in this order, with the same devices, message
+(a telemetry envelope), QoS 1 and one connection per device:
 
-Per transport it measures, in this order:
+* raw MQTT: the broker alone - every device publishes to a plain topic, keeping
+  ``--window`` publishes unacknowledged by the broker, and one subscriber
+  process counts what arrives;
+* raw gRPC: a bare ``grpc.aio`` server process that decodes each envelope and
+  acks it without storing it; one channel and stream per device;
+* the hub (``edgeskill hub serve``, SQLite store) over MQTT, then over gRPC:
+  telemetry latency at ``--rate`` per device (send -> the hub's ack, after the
+  durable write), then ingest with ``--window`` in flight per device (messages
+  stored, deduplicated and acknowledged per second), then a 5 MB fetch.
 
-* telemetry latency: every device sends one window every ``1/rate`` seconds; the
-  latency is send -> the hub's ack back at the device, i.e. through the broker (for
-  MQTT), the hub and the durable store write;
-* hub ingest: every device keeps ``--window`` messages in flight; messages/s acked;
-* fetch: the agent's own transport downloads a 5 MB signed file (median of 3).
-
+The devices live in ``--procs`` load-generator processes (``loadgen.py``), never
+on a measuring loop. After the hub's phases the stored rows are counted against
+the messages sent: ``lost`` must be 0. ``ratio`` is hub msg/s over raw msg/s.
 It prints a table and writes ``tests/bench/results/transport.json``.
 """
 
@@ -23,234 +26,198 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import os
 import resource
-import signal
-import socket
+import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+import loadgen
 from plots import plot_bars
+from profiling import HubProfile
 from rich.console import Console
 from rich.table import Table
 
 from cloud.hub import Hub
 from edge_agent.transport.base import AgentTransport
-from edge_agent.transport.grpc import GrpcAgentTransport, channel_options
+from edge_agent.transport.grpc import GrpcAgentTransport
 from edge_agent.transport.mqtt import MqttAgentTransport
-from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
-from protos import edgeskill_pb2_grpc as pb_grpc
-from protos.topics import MqttEndpoint
-from tests.support import Fleet, free_port, wait_for_port
+from edgeskill.processes import Fleet, free_port, wait_for_port
+from protos import make_envelope, pb
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.services import mqtt_host_port
 
 RESULTS = Path(__file__).parent / "results" / "transport.json"
+#: py-spy's samples of the hub (``--profile``); big, so kept out of the results.
+PROFILES = Path(__file__).resolve().parents[2] / ".build" / "bench"
 FETCH_BYTES = 5 * 1000 * 1000
 console = Console()
 
 
-class Meter:
-    """Send times, latencies and ack counts of one phase."""
+class Children:
+    """Starts ``loadgen.py`` processes, each told its role over a Unix socket."""
 
-    def __init__(self) -> None:
-        self.sent: dict[str, float] = {}
-        self.latencies_ms: list[float] = []
-        self.acked = 0
-        self.waiters: dict[str, asyncio.Future[None]] = {}
+    def __init__(self, work: Path) -> None:
+        key = secrets.token_bytes(16)
+        self.address = str(work / "loadgen.sock")
+        self.listener = Listener(self.address, "AF_UNIX", authkey=key)
+        self.env = {**os.environ, loadgen.KEY_ENV: key.hex(), "GRPC_VERBOSITY": "ERROR"}
+        self.procs: list[subprocess.Popen[bytes]] = []
 
-    def sending(self, msg_id: str) -> asyncio.Future[None]:
-        self.sent[msg_id] = time.perf_counter()
-        fut = asyncio.get_running_loop().create_future()
-        self.waiters[msg_id] = fut
-        return fut
+    def start(self, roles: list[tuple[str, tuple[Any, ...]]]) -> list[Connection]:
+        """One child per role, all started before any is waited for; their connections."""
+        for _ in roles:
+            argv = [sys.executable, loadgen.__file__, self.address]
+            self.procs.append(subprocess.Popen(argv, env=self.env))
+        conns = [self.listener.accept() for _ in roles]
+        for conn, role in zip(conns, roles, strict=True):
+            conn.send(role)
+        return conns
 
-    def ack(self, msg_id: str) -> None:
-        started = self.sent.pop(msg_id, None)
-        if started is not None:
-            self.latencies_ms.append((time.perf_counter() - started) * 1000)
-            self.acked += 1
-        fut = self.waiters.pop(msg_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-
-def telemetry(device_id: str, seq: int) -> pb.Envelope:
-    msg = pb.Telemetry(skill="bench", version="1.0.0", inferences=1, metrics={"seq": float(seq)})
-    return make_envelope(device_id, telemetry=msg)
-
-
-class MqttDevices:
-    """Many paho clients on this asyncio loop (no thread per client)."""
-
-    def __init__(self, url: str, ids: list[str], meter: Meter) -> None:
-        self.ep = MqttEndpoint.parse(url)
-        self.ids, self.meter = ids, meter
-        self.clients: dict[str, mqtt.Client] = {}
-        self.welcomed: dict[str, asyncio.Future[None]] = {}
-
-    def _client(self, device_id: str) -> mqtt.Client:
-        loop = asyncio.get_running_loop()
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"bench-{device_id}", protocol=mqtt.MQTTv5
-        )
-        misc: list[asyncio.Task[None]] = []
-
-        def opened(c: mqtt.Client, _u: object, sock: Any) -> None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            loop.add_reader(sock, c.loop_read)
-            misc.append(loop.create_task(_misc_loop(c)))
-
-        def closed(_c: mqtt.Client, _u: object, sock: Any) -> None:
-            loop.remove_reader(sock)
-            for task in misc:
-                task.cancel()
-
-        client.on_socket_open = opened
-        client.on_socket_close = closed
-        client.on_socket_register_write = lambda c, _u, s: loop.add_writer(s, c.loop_write)
-        client.on_socket_unregister_write = lambda _c, _u, s: loop.remove_writer(s)
-        client.on_message = lambda _c, _u, msg: self._on_message(device_id, bytes(msg.payload))
-        return client
-
-    def _on_message(self, device_id: str, payload: bytes) -> None:
-        env = decode_envelope(payload)
-        if kind_of(env) == "welcome" and not self.welcomed[device_id].done():
-            self.welcomed[device_id].set_result(None)
-        elif kind_of(env) == "ack":
-            for msg_id in env.ack.ids:
-                self.meter.ack(msg_id)
-
-    async def connect(self, device_id: str) -> None:
-        client = self.clients[device_id] = self._client(device_id)
-        self.welcomed[device_id] = asyncio.get_running_loop().create_future()
-        client.connect(self.ep.host, self.ep.port, 60)
-        client.subscribe(self.ep.topics.device_down_filter(device_id), qos=1)
-        reg = make_envelope(device_id, register=pb.Register(labels={"kind": "bench"}))
-        client.publish(self.ep.topics.up(device_id, "register"), encode_envelope(reg), qos=1)
-        await asyncio.wait_for(self.welcomed[device_id], 60)
-
-    async def send(self, device_id: str, env: pb.Envelope) -> None:
-        topic = self.ep.topics.up(device_id, "telemetry")
-        self.clients[device_id].publish(topic, encode_envelope(env), qos=1)
-
-    async def close(self) -> None:
-        for client in self.clients.values():
-            client.disconnect()
-        await asyncio.sleep(0.5)
+    def close(self) -> None:
+        """Wait for the children (they end when told); kill any that do not."""
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        self.listener.close()
 
 
-async def _misc_loop(client: mqtt.Client) -> None:
-    while client.loop_misc() == mqtt.MQTT_ERR_SUCCESS:
-        await asyncio.sleep(1)
+class Workers:
+    """Load-generator processes sharing a list of devices; commands go to all of them."""
+
+    def __init__(self, kids: Children, spec: dict[str, Any], ids: list[str], procs: int) -> None:
+        shares = [ids[i::procs] for i in range(procs)]
+        self.conns = kids.start([("devices", ({**spec, "ids": share},)) for share in shares])
+
+    def ask(self, command: str, **kwargs: Any) -> list[Any]:
+        for conn in self.conns:
+            conn.send((command, kwargs))
+        return [conn.recv() for conn in self.conns]
+
+    def close(self) -> None:
+        self.ask("close")
 
 
-class GrpcDevices:
-    """Many ``Connect`` streams over a handful of channels."""
-
-    def __init__(self, target: str, ids: list[str], meter: Meter) -> None:
-        self.ids, self.meter = ids, meter
-        self.channels = [
-            grpc.aio.insecure_channel(target, options=channel_options()) for _ in range(8)
-        ]
-        self.calls: dict[str, Any] = {}
-        self.readers: list[asyncio.Task[None]] = []
-
-    async def connect(self, device_id: str) -> None:
-        stub = pb_grpc.HubStub(self.channels[hash(device_id) % len(self.channels)])
-        call = self.calls[device_id] = stub.Connect()
-        await call.write(make_envelope(device_id, register=pb.Register(labels={"kind": "bench"})))
-        while kind_of(await asyncio.wait_for(call.read(), 60)) != "welcome":
-            pass
-        self.readers.append(asyncio.create_task(self._read(call)))
-
-    async def _read(self, call: Any) -> None:
-        while (env := await call.read()) is not grpc.aio.EOF:
-            if kind_of(env) == "ack":
-                for msg_id in env.ack.ids:
-                    self.meter.ack(msg_id)
-
-    async def send(self, device_id: str, env: pb.Envelope) -> None:
-        await self.calls[device_id].write(env)
-
-    async def close(self) -> None:
-        for task in self.readers:
-            task.cancel()
-        for call in self.calls.values():
-            call.cancel()
-        for channel in self.channels:
-            await channel.close()
+def _ingest(
+    workers: Workers, args: argparse.Namespace, drain_s: float
+) -> tuple[float, dict[str, int]]:
+    start_at = time.monotonic() + 1.0
+    found = workers.ask(
+        "ingest", start_at=start_at, seconds=args.seconds, window=args.window, drain_s=drain_s
+    )
+    totals = {k: sum(f[k] for f in found) for k in ("sent", "acked", "acked_in_phase")}
+    return start_at, totals
 
 
-async def connect_all(devices: MqttDevices | GrpcDevices, limit: int = 100) -> float:
-    gate = asyncio.Semaphore(limit)
-
-    async def one(device_id: str) -> None:
-        async with gate:
-            await devices.connect(device_id)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one(d) for d in devices.ids))
-    return time.perf_counter() - started
-
-
-async def rate_phase(
-    devices: MqttDevices | GrpcDevices, seconds: float, rate: float
-) -> list[float]:
-    meter = devices.meter
-    meter.latencies_ms.clear()
-    end = time.perf_counter() + seconds
-
-    async def device(i: int, device_id: str) -> None:
-        await asyncio.sleep(i / len(devices.ids) / rate)  # spread the devices over one period
-        seq = 0
-        while time.perf_counter() < end:
-            seq += 1
-            env = telemetry(device_id, seq)
-            meter.sending(env.id)
-            await devices.send(device_id, env)
-            await asyncio.sleep(1 / rate)
-
-    await asyncio.gather(*(device(i, d) for i, d in enumerate(devices.ids)))
-    await asyncio.sleep(2)  # the last acks
-    return sorted(meter.latencies_ms)
+def raw_mqtt(kids: Children, args: argparse.Namespace, url: str, prefix: str) -> dict[str, Any]:
+    host, port = mqtt_host_port()
+    (ours,) = kids.start([("raw-subscriber", (host, port, f"{prefix}/raw/#"))])
+    assert ours.recv() == "ready"
+    ids = [f"rm-{i:05d}" for i in range(args.devices)]
+    workers = Workers(kids, {"transport": "mqtt", "mode": "raw", "target": url}, ids, args.procs)
+    try:
+        workers.ask("connect")
+        start_at, totals = _ingest(workers, args, drain_s=2.0)
+        ours.send((start_at, start_at + args.seconds))
+        arrived, arrived_all = ours.recv()
+    finally:
+        workers.close()
+        ours.send(None)
+    return {"msgs_per_s": arrived / args.seconds, "sent": totals["sent"], "arrived": arrived_all}
 
 
-async def ingest_phase(devices: MqttDevices | GrpcDevices, seconds: float, window: int) -> float:
-    meter = devices.meter
-    await asyncio.sleep(1)
-    meter.sent.clear()
-    end = time.perf_counter() + seconds
+def raw_grpc(kids: Children, args: argparse.Namespace) -> dict[str, Any]:
+    (ours,) = kids.start([("bare-grpc", ())])
+    target = f"127.0.0.1:{ours.recv()}"
+    ids = [f"rg-{i:05d}" for i in range(args.devices)]
+    workers = Workers(kids, {"transport": "grpc", "mode": "raw", "target": target}, ids, args.procs)
+    try:
+        workers.ask("connect")
+        _, totals = _ingest(workers, args, drain_s=2.0)
+    finally:
+        workers.close()
+        ours.send(None)
+    return {
+        "msgs_per_s": totals["acked_in_phase"] / args.seconds,
+        "sent": totals["sent"],
+        "arrived": totals["acked"],
+    }
 
-    async def device(device_id: str) -> None:
-        pending: set[asyncio.Future[None]] = set()
-        seq = 0
-        while time.perf_counter() < end:
-            while len(pending) >= window:
-                _, pending = await asyncio.wait(pending, timeout=1, return_when="FIRST_COMPLETED")
-            seq += 1
-            env = telemetry(device_id, seq)
-            pending.add(meter.sending(env.id))
-            await devices.send(device_id, env)
 
-    before = meter.acked
-    await asyncio.gather(*(device(d) for d in devices.ids))
-    return (meter.acked - before) / seconds
+def hub_transport(
+    kids: Children,
+    args: argparse.Namespace,
+    name: str,
+    target: str,
+    hub_pid: int,
+    profile: HubProfile | None,
+) -> dict[str, Any]:
+    ids = [f"{name[0]}-{i:05d}" for i in range(args.devices)]
+    workers = Workers(kids, {"transport": name, "mode": "hub", "target": target}, ids, args.procs)
+    try:
+        console.log(f"[bold]hub {name}[/]: connecting {args.devices} devices ...")
+        connect_s = max(workers.ask("connect"))
+        start_at = time.monotonic() + 1.0
+        found = workers.ask("rate", start_at=start_at, seconds=args.seconds, rate=args.rate)
+        latencies = sorted(x for f in found for x in f["latencies_ms"])
+        rate_sent = len(latencies) + sum(f["unacked"] for f in found)
+        console.log(f"  {len(latencies)} acked at {args.rate}/s per device; ingest ...")
+        if profile is not None:
+            profile.start(name, args.seconds + 1.0)
+        cpu_before = cpu_seconds(hub_pid)
+        _, totals = _ingest(workers, args, drain_s=15.0)
+        hub_cpu = (cpu_seconds(hub_pid) - cpu_before) / args.seconds
+        if profile is not None:
+            profile.finish()
+    finally:
+        workers.close()
+    return {
+        "devices": args.devices,
+        "hub_msgs_per_s": totals["acked_in_phase"] / args.seconds,
+        "p50_ms": pct(latencies, 0.50),
+        "p99_ms": pct(latencies, 0.99),
+        "offered_msgs_per_s": args.devices * args.rate,
+        "latency_samples": len(latencies),
+        "register_all_s": connect_s,
+        "sent": rate_sent + totals["sent"],
+        "acked": len(latencies) + totals["acked"],
+        "prefix": f"{name[0]}-",
+        "hub_cpu": hub_cpu,
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stored_windows(home: Path, prefix: str) -> int:
+    hub = Hub.open(home)
+    try:
+        rows = hub.store.telemetry_summary()
+    finally:
+        hub.close()
+    return sum(r.windows for r in rows if r.device_id.startswith(prefix) and r.skill == "bench")
 
 
 async def fetch_rate(make: Callable[[], AgentTransport], path: str) -> float:
     transport = make()
-    device_id = "bench-fetch"
-    await transport.connect(make_envelope(device_id, register=pb.Register()))
+    await transport.connect(make_envelope("bench-fetch", register=pb.Register()))
     try:
         rates = []
         for _ in range(3):
@@ -266,45 +233,6 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-async def run_transport(
-    name: str,
-    devices: MqttDevices | GrpcDevices,
-    fetch: Callable[[], Awaitable[float]],
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    console.print(f"[bold]{name}[/]: connecting {len(devices.ids)} devices ...")
-    connect_s = await connect_all(devices)
-    console.print(f"  registered in {connect_s:.1f} s; telemetry at {args.rate}/s per device ...")
-    latencies = await rate_phase(devices, args.seconds, args.rate)
-    console.print(f"  {len(latencies)} acked; ingest with {args.window} in flight per device ...")
-    ingest = await ingest_phase(devices, args.seconds, args.window)
-    await devices.close()
-    mb_s = await fetch()
-    return {
-        "transport": name,
-        "devices": len(devices.ids),
-        "ingest_msgs_per_s": round(ingest, 1),
-        "p50_ms": round(pct(latencies, 0.50), 2),
-        "p99_ms": round(pct(latencies, 0.99), 2),
-        "fetch_mb_per_s": round(mb_s, 1),
-        "offered_msgs_per_s": round(len(devices.ids) * args.rate, 1),
-        "latency_samples": len(latencies),
-        "register_all_s": round(connect_s, 2),
-    }
-
-
-def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    conf = folder / "mosquitto.conf"
-    conf.write_text(
-        f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous true\n"
-        "set_tcp_nodelay true\nmax_queued_messages 10000\npersistence false\n"
-    )
-    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
-    wait_for_port(port)
-    return proc, port
-
-
 def prepare_hub(work: Path, grpc_port: int, url: str) -> str:
     hub = Hub.init(work / "hub", grpc_bind=f"127.0.0.1:{grpc_port}", mqtt_url=url, insecure=True)
     blob = work / "blob.bin"
@@ -314,35 +242,92 @@ def prepare_hub(work: Path, grpc_port: int, url: str) -> str:
     return f"targets/bench/{next((work / 'hub/trust/targets/bench').iterdir()).name}"
 
 
-async def bench(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    broker, mqtt_port = start_broker(work)
-    grpc_port = free_port()
-    url = f"mqtt://127.0.0.1:{mqtt_port}/bench?session_expiry=60"
-    path = prepare_hub(work, grpc_port, url)
+def row(
+    name: str, raw: dict[str, Any], hub: dict[str, Any], stored: int, mb_s: float
+) -> dict[str, Any]:
+    hub_rate = hub["hub_msgs_per_s"]
+    return {
+        "transport": name,
+        "devices": hub["devices"],
+        "ingest_msgs_per_s": round(hub_rate, 1),
+        "p50_ms": round(hub["p50_ms"], 2),
+        "p99_ms": round(hub["p99_ms"], 2),
+        "fetch_mb_per_s": round(mb_s, 1),
+        "offered_msgs_per_s": round(hub["offered_msgs_per_s"], 1),
+        "latency_samples": hub["latency_samples"],
+        "register_all_s": round(hub["register_all_s"], 2),
+        "raw_msgs_per_s": round(raw["msgs_per_s"], 1),
+        "hub_msgs_per_s": round(hub_rate, 1),
+        "ratio": round(hub_rate / raw["msgs_per_s"], 3) if raw["msgs_per_s"] else None,
+        "hub_sent": hub["sent"],
+        "hub_acked": hub["acked"],
+        "hub_stored": stored,
+        "lost": hub["sent"] - stored,
+        "hub_cpu_cores": round(hub["hub_cpu"], 2),
+        "raw_sent": raw["sent"],
+        "raw_arrived": raw["arrived"],
+    }
+
+
+def bench(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    host, port = mqtt_host_port()
+    prefix = f"bench-{os.getpid()}"
+    url = f"mqtt://{host}:{port}/{prefix}?session_expiry=60"
+    kids = Children(work)
     fleet = Fleet(work / "logs")
-    fleet.start("hub", ["hub", "serve", "--home", str(work / "hub")])
     try:
+        console.log(f"[bold]raw[/]: broker {host}:{port} alone, then a bare grpc.aio server ...")
+        raws = {
+            name: raw_mqtt(kids, args, url, prefix) if name == "mqtt" else raw_grpc(kids, args)
+            for name in args.transports
+        }
+        grpc_port = free_port()
+        path = prepare_hub(work, grpc_port, url)
+        hub_proc = fleet.start("hub", ["hub", "serve", "--home", str(work / "hub")])
+        profile = HubProfile(hub_proc.pid, PROFILES) if args.profile else None
         wait_for_port(grpc_port)
-        ids = [f"m-{i:04d}" for i in range(args.devices)]
-        mqtt_row = await run_transport(
-            "mqtt",
-            MqttDevices(url, ids, Meter()),
-            lambda: fetch_rate(lambda: MqttAgentTransport(url, "bench-fetch"), path),
-            args,
-        )
-        ids = [f"g-{i:04d}" for i in range(args.devices)]
-        target = f"127.0.0.1:{grpc_port}"
-        grpc_row = await run_transport(
-            "grpc",
-            GrpcDevices(target, ids, Meter()),
-            lambda: fetch_rate(lambda: GrpcAgentTransport(target, "bench-fetch"), path),
-            args,
-        )
-        return [mqtt_row, grpc_row]
+        targets = {"mqtt": url, "grpc": f"127.0.0.1:{grpc_port}"}
+        makers: dict[str, Callable[[], AgentTransport]] = {
+            "mqtt": lambda: MqttAgentTransport(url, "bench-fetch"),
+            "grpc": lambda: GrpcAgentTransport(targets["grpc"], "bench-fetch"),
+        }
+        rows = []
+        for name in args.transports:
+            hub = hub_transport(kids, args, name, targets[name], hub_proc.pid, profile)
+            stored = stored_windows(work / "hub", hub["prefix"])
+            mb_s = asyncio.run(fetch_rate(makers[name], path))
+            rows.append(row(name, raws[name], hub, stored, mb_s))
+        return rows
     finally:
         fleet.stop_all()
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(10)
+        kids.close()
+
+
+def print_table(rows: list[dict[str, Any]], devices: int) -> None:
+    table = Table(title=f"Hub transports, {devices} simulated devices, {os.cpu_count()} cores")
+    columns = {
+        "transport": "transport",
+        "raw msg/s": "raw_msgs_per_s",
+        "hub msg/s": "hub_msgs_per_s",
+        "ratio": "ratio",
+        "lost": "lost",
+        "hub CPU": "hub_cpu_cores",
+        "p50 ms": "p50_ms",
+        "p99 ms": "p99_ms",
+        "fetch MB/s": "fetch_mb_per_s",
+        "offered msg/s": "offered_msgs_per_s",
+    }
+    for title in columns:
+        table.add_column(title, justify="left" if title == "transport" else "right")
+    for r in rows:
+        table.add_row(*(_cell(r[key]) for key in columns.values()))
+    console.print(table)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+    return str(value)
 
 
 def main() -> None:
@@ -351,50 +336,44 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rate", type=float, default=0.2, help="telemetry per device per second")
     parser.add_argument("--window", type=int, default=2, help="messages in flight per device")
+    parser.add_argument("--procs", type=int, default=2, help="load-generator processes")
+    parser.add_argument(
+        "--transports",
+        type=lambda v: v.split(","),
+        default=["mqtt", "grpc"],
+        help="comma-separated, of mqtt and grpc",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the hub with py-spy during ingest"
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="edgeskill-bench-") as tmp:
-        rows = asyncio.run(bench(args, Path(tmp)))
-    table = Table(title=f"Hub transports, {args.devices} simulated devices, {os.cpu_count()} cores")
-    for col in (
-        "transport",
-        "devices",
-        "ingest msg/s",
-        "p50 ms",
-        "p99 ms",
-        "fetch MB/s",
-        "offered msg/s",
-    ):
-        table.add_column(col, justify="left" if col == "transport" else "right")
-    for r in rows:
-        table.add_row(
-            r["transport"],
-            str(r["devices"]),
-            f"{r['ingest_msgs_per_s']:.0f}",
-            f"{r['p50_ms']:.2f}",
-            f"{r['p99_ms']:.2f}",
-            f"{r['fetch_mb_per_s']:.1f}",
-            f"{r['offered_msgs_per_s']:.0f}",
-        )
-    console.print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        rows = bench(args, Path(tmp))
+    print_table(rows, args.devices)
     meta = {
         "seconds_per_phase": args.seconds,
         "rate_per_device": args.rate,
         "window": args.window,
+        "load_processes": args.procs,
         "cpu_count": os.cpu_count(),
-        "broker": "mosquitto, set_tcp_nodelay true",
+        "broker": "mosquitto (the test services' broker)",
         "store": "sqlite",
+        "raw": "mqtt: publishers -> broker -> one subscriber; grpc: bare grpc.aio acking server",
         "wall_s": round(time.perf_counter() - started, 1),
     }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    keys = ["ingest_msgs_per_s", "p50_ms", "p99_ms", "fetch_mb_per_s"]
-    title = f"hub over MQTT and gRPC, {rows[0]['devices']} devices"
+    keys = ["raw_msgs_per_s", "hub_msgs_per_s", "p50_ms", "p99_ms", "fetch_mb_per_s"]
+    title = f"hub over MQTT and gRPC vs raw, {rows[0]['devices']} devices"
     picture = plot_bars(rows, "transport", keys, RESULTS.with_suffix(".png"), title)
     console.print(f"wrote {RESULTS} and {picture} in {meta['wall_s']} s")
+    if any(r["lost"] for r in rows):
+        console.print("[red]messages lost: sent and not stored[/]")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

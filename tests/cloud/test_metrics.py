@@ -79,8 +79,9 @@ def test_endpoint_shows_message_drop_telemetry_and_fleet_counts(core: HubCore) -
     assert after[("edgeskill_hub_messages_total", (("kind", "register"),))] == 2
     assert after[("edgeskill_hub_messages_total", (("kind", "telemetry"),))] == 1
     assert after[("edgeskill_hub_dropped_total", (("reason", "invalid"),))] == 1
-    assert after[("edgeskill_hub_telemetry_batches_total", ())] == 1
-    assert after[("edgeskill_hub_telemetry_items_total", ())] == 1
+    # Two flushes of one window each: the good one, then the malformed one, refused alone.
+    assert after[("edgeskill_hub_telemetry_batches_total", ())] == 2
+    assert after[("edgeskill_hub_telemetry_items_total", ())] == 2
     assert after[("edgeskill_hub_devices", ())] == 2
     assert after[("edgeskill_hub_devices_online", ())] == 1
     assert refused(server.port)
