@@ -55,6 +55,18 @@ _FIRST_REFRESH_POLL_S = 0.5
 _EVENT_WINDOW_S = 1.0
 
 
+async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``event`` is set or ``timeout_s`` passed.
+
+    ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` can swallow a
+    cancellation that races the event being set, and a loop built on it would then
+    outlive the agent's stop (its task group never ends).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+
+
 class Agent:
     """Connects a device to its hub and keeps its skills in the desired state.
 
@@ -339,8 +351,7 @@ class Agent:
             await transport.send(
                 make_envelope(self.config.device_id, heartbeat=pb.Heartbeat(uptime_s=uptime))
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_changed.wait(), self.heartbeat_s)
+            await _wait_set(self._beat_changed, self.heartbeat_s)
 
     # -- outbox: everything sent up is kept until the hub acknowledges it -------
 
@@ -357,8 +368,7 @@ class Agent:
 
     async def _flush_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_flush.wait(), 1.0)
+            await _wait_set(self._wake_flush, 1.0)
             self._wake_flush.clear()
             transport = self.transport
             if transport is None:
@@ -395,10 +405,7 @@ class Agent:
                 gen = self.desired.generation if self.desired else 0
                 report = self.reconciler.report(gen)
                 await self.enqueue(make_envelope(self.config.device_id, reported=report))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake_reconcile.wait(), self.config.reconcile_interval_s
-                )
+            await _wait_set(self._wake_reconcile, self.config.reconcile_interval_s)
             self._wake_reconcile.clear()
 
     # -- workload and telemetry -------------------------------------------------
