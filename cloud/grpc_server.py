@@ -105,7 +105,8 @@ class HubServicer:
         """One device's control stream: register first, then anything."""
         session = await self._session(context)
         try:
-            first = await asyncio.wait_for(anext(request_iterator), _REGISTER_TIMEOUT_S)
+            async with asyncio.timeout(_REGISTER_TIMEOUT_S):
+                first = await anext(request_iterator)
         except (TimeoutError, StopAsyncIteration, grpc.aio.AioRpcError):
             self.core.drop(DropReason.NO_REGISTER)
             return

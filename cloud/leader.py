@@ -190,7 +190,8 @@ class PostgresElection:
         while True:
             await asyncio.sleep(self.check_s)
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._check_blocking), self.check_s * 5)
+                async with asyncio.timeout(self.check_s * 5):
+                    await asyncio.to_thread(self._check_blocking)
             except (SQLAlchemyError, TimeoutError) as exc:
                 log.error("leader election: lost the store connection: %s", exc or "timed out")
                 await asyncio.to_thread(self._drop_connection)

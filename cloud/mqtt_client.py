@@ -190,7 +190,8 @@ class HubMqttClient:
         )
         self._client.loop_start()
         try:
-            await asyncio.wait_for(self._subscribed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._subscribed.wait()
         except TimeoutError as exc:
             await self.stop()
             raise TransportError(
@@ -213,7 +214,8 @@ class HubMqttClient:
         self._stopping = True
         self._client.disconnect()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.to_thread(self._client.loop_stop), 5.0)
+            async with asyncio.timeout(5.0):
+                await asyncio.to_thread(self._client.loop_stop)
         self.connected = False
 
 

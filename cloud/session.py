@@ -275,7 +275,8 @@ class DeviceSession:
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), _DESIRED_RECHECK_S)
+                    async with asyncio.timeout(_DESIRED_RECHECK_S):
+                        await changed.wait()
                 changed.clear()
                 try:
                     env = await self.core.desired(device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -53,6 +54,8 @@ _FIRST_BACKOFF_S = 0.2
 _FIRST_REFRESH_POLL_S = 0.5
 #: Security events of one kind and reason go up at most once per window (with a count).
 _EVENT_WINDOW_S = 1.0
+#: Seconds the agent's modules get to end once cancelled.
+_STOP_GRACE_S = 10.0
 
 
 async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
@@ -65,6 +68,27 @@ async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
             await event.wait()
+
+
+async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the agent's modules and wait (bounded) for them to end.
+
+    A module that does not end within ``_STOP_GRACE_S`` (a cancellation lost in a
+    library) is logged with where it hangs and left behind, so stopping the agent
+    never hangs: its skills are still stopped and its outbox still closed.
+    """
+    for task in tasks:
+        task.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=_STOP_GRACE_S)
+    for task in pending:
+        where = io.StringIO()
+        task.print_stack(file=where)
+        log.error(
+            "agent module %s did not stop within %g s; left behind at:\n%s",
+            task.get_name(),
+            _STOP_GRACE_S,
+            where.getvalue().rstrip(),
+        )
 
 
 class Agent:
@@ -183,9 +207,7 @@ class Agent:
         try:
             await stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
             if metrics is not None:
                 await asyncio.to_thread(metrics.stop)
             await self.reconciler.shutdown()

@@ -176,7 +176,8 @@ async def _call(
                 request_serializer=type(request).SerializeToString,
                 response_deserializer=pb.EnrollResponse.FromString,
             )
-            return await asyncio.wait_for(call(request, timeout=timeout_s), timeout_s + 1)
+            async with asyncio.timeout(timeout_s + 1):
+                return await call(request, timeout=timeout_s)
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
             raise EnrolmentRefusedError(f"the hub refused: {exc.details()}") from exc

@@ -99,7 +99,10 @@ class SkillProcess:
         self._config_json = encode_config(config)
         self._limits = limits or SandboxLimits.from_resources(manifest.resources)
         self._confinement = confinement
-        self._idle_since: float | None = time.monotonic()
+        # None until the skill is ready: start-up work is bounded by its own
+        # timeout and is not a busy loop (it used to count, and a slow start on
+        # a loaded machine got a healthy skill killed right after it was ready).
+        self._idle_since: float | None = None
         self._log = SkillLog(log_path)
         self._python = python or sys.executable
         self._proc: subprocess.Popen[bytes] | None = None
@@ -330,6 +333,7 @@ class SkillProcess:
             models = message.get("models")
             if isinstance(models, dict):
                 self.models = {str(k)[:64]: str(v)[:128] for k, v in list(models.items())[:16]}
+            self._idle_since = time.monotonic()
             return
         if isinstance(message, dict) and message.get("op") == "failed":
             self._terminate(grace_s=_REAP_GRACE_S)

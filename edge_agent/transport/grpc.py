@@ -98,7 +98,8 @@ class GrpcAgentTransport(AgentTransport):
         else:
             self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=opts)
         try:
-            await asyncio.wait_for(self._channel.channel_ready(), self._connect_timeout_s)
+            async with asyncio.timeout(self._connect_timeout_s):
+                await self._channel.channel_ready()
         except TimeoutError as exc:
             await self.close()
             raise TransportError(

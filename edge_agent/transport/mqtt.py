@@ -211,7 +211,8 @@ class MqttAgentTransport(AgentTransport):
         fut = asyncio.get_running_loop().create_future()
         self._waiters[key] = fut
         try:
-            await asyncio.wait_for(fut, timeout_s or self._connect_timeout_s)
+            async with asyncio.timeout(timeout_s or self._connect_timeout_s):
+                await fut
         except TimeoutError as exc:
             raise TransportError(f"{self.url} did not answer ({key}) in time") from exc
         finally:
@@ -274,7 +275,8 @@ class MqttAgentTransport(AgentTransport):
         delay, cap = _REGISTER_RETRY_S
         while not self._welcomed.is_set() and self._lost is None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._welcomed.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._welcomed.wait()
             if self._welcomed.is_set() or self._lost is not None:
                 return
             again = pb.Envelope()
@@ -322,7 +324,8 @@ class MqttAgentTransport(AgentTransport):
         """
         self._check_open()
         try:
-            await asyncio.wait_for(self._drained.wait(), self._send_timeout_s)
+            async with asyncio.timeout(self._send_timeout_s):
+                await self._drained.wait()
         except TimeoutError as exc:
             raise TransportError(f"{self.url} stopped acknowledging publishes") from exc
         self._publish_envelope(env)
@@ -343,7 +346,8 @@ class MqttAgentTransport(AgentTransport):
     async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
         self._check_open()
         try:  # the hub serves registered devices only
-            await asyncio.wait_for(self._welcomed.wait(), self._connect_timeout_s)
+            async with asyncio.timeout(self._connect_timeout_s):
+                await self._welcomed.wait()
         except TimeoutError as exc:
             raise TransportError(f"no welcome from the hub behind {self.url}") from exc
         corr = new_id().encode()
@@ -390,7 +394,8 @@ class MqttAgentTransport(AgentTransport):
             if client.disconnect() == mqtt.MQTT_ERR_SUCCESS and self._io is not None:
                 # The writer sends the DISCONNECT, then paho closes the socket.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._io.closed.wait(), _CLOSE_TIMEOUT_S)
+                    async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                        await self._io.closed.wait()
         self._on_lost("closed")
         if self._io is not None:
             self._io.close()

@@ -54,7 +54,8 @@ class PahoLoop:
         """
         connecting = self._loop.run_in_executor(None, connect)
         try:
-            rc = await asyncio.wait_for(asyncio.shield(connecting), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                rc = await asyncio.shield(connecting)
         except BaseException as exc:
             if not connecting.done():  # the thread goes on: close what it opens once it ends
                 connecting.add_done_callback(self._abandon)

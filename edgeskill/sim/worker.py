@@ -230,7 +230,8 @@ async def _report(worker: _Worker, stop: asyncio.Event) -> None:
     while not stop.is_set():
         await asyncio.to_thread(worker.write_status)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), STATUS_INTERVAL_S)
+            async with asyncio.timeout(STATUS_INTERVAL_S):
+                await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

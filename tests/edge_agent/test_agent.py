@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import edge_agent.agent as agent_module
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig
 from edge_agent.errors import TransportError
@@ -293,3 +294,38 @@ def test_only_the_directors_instructions_for_this_device_are_followed(tmp_path: 
     again = _agent(config, transport, FakeLauncher())
     assert (again.gate.last_counter, again.desired) == (2, new)
     again.outbox.close()
+
+
+def test_a_module_that_swallows_its_cancellation_does_not_hang_the_stop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(agent_module, "_STOP_GRACE_S", 0.3)
+    ended: list[str] = []
+
+    async def stubborn() -> None:
+        while True:  # as Python 3.11's wait_for could: the cancellation is lost
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+
+    async def polite() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append("polite")
+
+    async def scenario() -> list[asyncio.Task[None]]:
+        tasks = [asyncio.create_task(stubborn(), name="stubborn"), asyncio.create_task(polite())]
+        await asyncio.sleep(0)
+        await agent_module._cancel_all(tasks)
+        left = [t for t in tasks if not t.done()]
+        for task in left:  # let the test's loop close
+            task.get_coro().close()
+        return left
+
+    left = asyncio.run(scenario())
+    assert [t.get_name() for t in left] == ["stubborn"]
+    assert ended == ["polite"]
+    assert "agent module stubborn did not stop within 0.3 s" in caplog.text
+    assert "in stubborn" in caplog.text

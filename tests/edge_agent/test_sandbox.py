@@ -10,6 +10,7 @@ import shutil
 import struct
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge_agent.errors import HealthCheckError, SandboxError
 from edge_agent.sandbox import MAX_FRAME_BYTES, PipeProtocolError, SkillItemError, SkillProcess
+from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.protocol import encode_frame, read_frame
 from skills.manifest import Manifest, ModelVariant, Resources
 from tests.support import wait_until
@@ -29,9 +31,14 @@ BIAS = RNG.normal(size=10).astype(np.float32)
 
 # A skill whose behaviour each test picks through its config.
 PROBE_SKILL = """
-import os, resource, subprocess, sys, time
+import os, resource, subprocess, sys, threading, time
 import numpy as np
 from skills.sdk import Skill
+
+
+def _spin():
+    while True:
+        pass
 
 class Probe(Skill):
     def setup(self, ctx):
@@ -44,6 +51,10 @@ class Probe(Skill):
         if mode == "exit":
             print("dying-now-123", file=sys.stderr, flush=True)
             os._exit(5)
+        if mode == "burn":  # a slow start: CPU-bound work before ready
+            end = time.process_time() + float(ctx.config["burn_s"])
+            while time.process_time() < end:
+                pass
         if mode == "child":
             self.helper = subprocess.Popen(["sleep", "600"])
         print("stray print from setup")
@@ -76,6 +87,9 @@ class Probe(Skill):
         if op == "spin":
             while True:
                 pass
+        if op == "spin_in_background":
+            threading.Thread(target=_spin, daemon=True).start()
+            return {}
         if op == "unsendable":
             return {"value": object()}
         raise KeyError(op)
@@ -315,6 +329,35 @@ def test_cpu_limit_kills_a_spinning_skill(tmp_path: Path) -> None:
         pytest.raises(SandboxError, match=r"SIGXCPU|SIGKILL"),
     ):
         proc.process({"op": "spin"}, timeout=20)
+
+
+def _busy_watched(tmp_path: Path, config: dict[str, str]) -> SkillProcess:
+    skill_dir, manifest = probe_dir(tmp_path)
+    limits = replace(
+        SandboxLimits.from_resources(manifest.resources), busy_window_s=0.6, busy_cpu_fraction=0.5
+    )
+    return SkillProcess(
+        skill_dir, manifest, ["onnx-cpu"], config=config, log_path=tmp_path / "p.log", limits=limits
+    )
+
+
+def test_a_busy_loop_with_no_item_in_flight_is_killed(tmp_path: Path) -> None:
+    with _busy_watched(tmp_path, {}) as proc:
+        proc.process({"op": "spin_in_background"}, timeout=10)
+        wait_until(lambda: not proc.alive, 20, "the watchdog kills the busy loop")
+        assert proc.kill_reason is not None and "busy loop" in proc.kill_reason
+
+
+def test_a_slow_cpu_bound_start_is_not_taken_for_a_busy_loop(tmp_path: Path) -> None:
+    with _busy_watched(tmp_path, {"setup": "burn", "burn_s": "1.5"}) as proc:
+        ready = time.monotonic()
+        # the watchdog samples every 0.1 s: three windows of idleness after ready
+        # would have killed it had the start-up CPU counted
+        while time.monotonic() < ready + 3 * 0.6:
+            assert proc.alive, proc.kill_reason
+            time.sleep(0.05)
+        assert proc.kill_reason is None
+        assert proc.process({"op": "echo", "value": 1}, timeout=10)[0]["echo"] == 1
 
 
 def test_stop_kills_a_hanging_teardown_and_the_skills_helpers(tmp_path: Path) -> None:
