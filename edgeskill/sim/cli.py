@@ -44,12 +44,18 @@ def sim(
     ] = None,
     deploy: Annotated[
         list[str] | None,
-        typer.Option(metavar="VERSION", help="Deploy this version and wait; repeat for more."),
+        typer.Option(
+            metavar="VERSION",
+            help="Deploy this version (1.0.0 to 5.0.0) and wait; repeat for more. The first "
+            "goes all at once, the others by --strategy/--plan.",
+        ),
     ] = None,
     strategy: Annotated[str, typer.Option(help="The deployments' rollout strategy.")] = (
         "all-at-once"
     ),
-    plan: Annotated[str, typer.Option(metavar="PLAN", help="The deployments' rollout plan.")] = "",
+    plan: Annotated[
+        str, typer.Option(metavar="PLAN", help="The deployments' rollout plan (TOML text).")
+    ] = "",
     fail_installs: Annotated[
         list[str] | None,
         typer.Option(metavar="VERSION=RATE", help="Share of devices whose install fails."),
@@ -94,13 +100,16 @@ def sim(
 
     Only the skill's control process is simulated: per-version install failures,
     accuracy and latency (scaled by each device's board), with faults injected on
-    request. Exits 1 when the fleet does not connect or a deployment does not converge.
+    request. Exits 1 when the fleet does not connect or a deployment does not settle
+    (all its devices moved, or its staged rollout ended and rolled back).
 
     Examples:
       edgeskill sim --devices 200 --procs 2 --deploy 1.0.0 --deploy 2.0.0
       edgeskill sim --devices 60 --deploy 1.0.0 --deploy 2.0.0 --fail-installs 2.0.0=0.2
       edgeskill sim --devices 1000 --procs 4 --insecure --transport mqtt
         --mqtt-url mqtt://127.0.0.1:1883/sim --accuracy 2.0.0=0.85 --deploy 2.0.0
+      edgeskill sim --devices 200 --insecure --deploy 1.0.0 --deploy 2.0.0
+        --accuracy 2.0.0=0.85 --strategy canary
     """
     from cloud.errors import HubError  # noqa: PLC0415 - the hub only when used
     from edgeskill.sim.run import SimFailedError, run_sim  # noqa: PLC0415

@@ -27,6 +27,7 @@ __all__ = [
     "VersionCount",
     "VersionSummary",
     "merge_versions",
+    "outcome_lines",
     "percentile",
     "progress_table",
     "summary_table",
@@ -102,6 +103,8 @@ class VersionSummary:
 
     version: str
     devices_running: int
+    #: Installs of it that failed (for a rolled-back version: as many as were seen
+    #: before the rollback put those devices back).
     failed_installs: int
     inferences: int
     accuracy: float | None
@@ -112,6 +115,12 @@ class VersionSummary:
     converge_s: float | None = None
     active_p50_s: float | None = None
     active_p99_s: float | None = None
+    #: How the deployment ended: ``completed``, or a staged rollout's ``rolled_back``
+    #: or ``aborted`` (with the gate's reason); empty when it did not settle.
+    outcome: str = ""
+    outcome_reason: str = ""
+    #: Devices a staged rollout admitted (moved, or tried to); None all at once.
+    moved: int | None = None
 
 
 @dataclass
@@ -189,8 +198,9 @@ def summary_table(s: RunSummary) -> Table:
         "accuracy",
         "p50 latency",
         "p99 latency",
-        "converged in",
+        "settled in",
         "p50/p99 to active",
+        "rollout",
         title=title,
     )
     for v in s.versions:
@@ -199,7 +209,7 @@ def summary_table(s: RunSummary) -> Table:
         elif v.converged:
             converged = _num(v.converge_s, ".1f", " s")
         else:
-            converged = "NOT CONVERGED"
+            converged = "NOT SETTLED"
         table.add_row(
             v.version,
             str(v.devices_running),
@@ -210,8 +220,18 @@ def summary_table(s: RunSummary) -> Table:
             _num(v.latency_p99_ms, ".1f", " ms"),
             converged,
             f"{_num(v.active_p50_s, '.1f')}/{_num(v.active_p99_s, '.1f')} s",
+            v.outcome or "-",
         )
     return table
+
+
+def outcome_lines(s: RunSummary) -> list[str]:
+    """One line per version whose staged rollout ended with a reason (a failed gate)."""
+    return [
+        f"{v.version}: {v.outcome} after moving {v.moved} device(s): {v.outcome_reason}"
+        for v in s.versions
+        if v.outcome_reason
+    ]
 
 
 def write_json(summary: RunSummary, path: Path) -> None:

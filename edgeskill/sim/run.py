@@ -48,6 +48,7 @@ from edgeskill.sim.report import (
     VersionCount,
     VersionSummary,
     merge_versions,
+    outcome_lines,
     percentile,
     progress_table,
     summary_table,
@@ -148,6 +149,10 @@ class _Deployed:
     converged: bool
     converge_s: float
     active_s: list[float]
+    outcome: str = ""
+    reason: str = ""
+    moved: int | None = None
+    failed_seen: int = 0
 
 
 def run_sim(settings: SimSettings, console: Console) -> int:
@@ -196,8 +201,8 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
         with Live(console=console, refresh_per_second=4) as live:
             connect_s = _connect(run, live)
             if connect_s is not None:
-                for version in settings.deploy:
-                    deployed[version] = _deploy(run, live, version)
+                for i, version in enumerate(settings.deploy):
+                    deployed[version] = _deploy(run, live, version, first=i == 0)
                 if settings.soak_s:
                     run.watch(live, "soak", lambda _: False, settings.soak_s)
     finally:
@@ -208,6 +213,8 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
         broker.stop_all()
     summary = _summary(settings, service, final, views, connect_s, deployed)
     console.print(summary_table(summary))
+    for line in outcome_lines(summary):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     if settings.json_out is not None:
         write_json(summary, settings.json_out)
     return summary.ok
@@ -283,14 +290,31 @@ def _connect(run: _Run, live: Live) -> float | None:
     return time.monotonic() - started
 
 
-def _deploy(run: _Run, live: Live, version: str) -> _Deployed:
-    """Deploy ``version`` to the fleet and wait until every device runs it or failed it."""
-    kwargs: dict[str, Any] = {"strategy": run.settings.strategy}
-    if run.settings.plan:
-        kwargs["plan"] = run.settings.plan
-    run.service.deployments.create(SKILL, version, GROUP, **kwargs)
+#: Phases in which a staged rollout has ended.
+ENDED_PHASES = ("completed", "aborted", "rolled_back")
+
+
+def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
+    """Deploy ``version`` to the fleet and wait until it has settled.
+
+    The fleet's first deployment goes all at once: there is no running version
+    for a canary's gates to compare with. Later ones follow ``--strategy`` and
+    ``--plan``. All at once, the deployment has settled when every device runs
+    ``version`` or failed it; staged, when its rollout has ended and the fleet
+    shows the end: every device on ``version`` (or failed it) when it completed,
+    none on it and every device running again when it was rolled back or aborted.
+    """
+    kwargs: dict[str, Any] = {}
+    if not first:
+        kwargs["strategy"] = run.settings.strategy
+        if run.settings.plan:
+            kwargs["plan"] = run.settings.plan
+    dep = run.service.deployments.create(SKILL, version, GROUP, **kwargs)
+    staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started = time.monotonic()
     active: dict[str, float] = {}
+    ended: list[tuple[str, str]] = []
+    peak = {"moved": 0, "failed": 0}  # a rollback puts both back to 0
 
     def done(progress: Progress) -> bool:
         now = time.monotonic() - started
@@ -299,10 +323,39 @@ def _deploy(run: _Run, live: Live, version: str) -> _Deployed:
             if state is not None and (state.version, state.state) == (version, "running"):
                 active.setdefault(view.device_id, now)
         count = progress.counts.get(version, VersionCount())
-        return count.running + count.failed >= len(run.views) > 0
+        peak["failed"] = max(peak["failed"], count.failed)
+        moved = count.running + count.failed >= len(run.views) > 0
+        if not staged:
+            return moved
+        rollout = run.service.deployments.status(dep.id)[0].rollout
+        if rollout is None:
+            return False
+        peak["moved"] = max(peak["moved"], rollout.admitted)
+        if rollout.phase not in ENDED_PHASES:
+            return False
+        reason = "" if rollout.reason == rollout.phase else rollout.reason
+        ended[:] = [(rollout.phase, reason)]
+        if rollout.phase == "completed":
+            return moved
+        return count.running == 0 and all(_running(v) for v in run.views)
 
-    converged = run.watch(live, f"deploying {version}", done, run.settings.converge_timeout_s)
-    return _Deployed(converged, time.monotonic() - started, sorted(active.values()))
+    settled = run.watch(live, f"deploying {version}", done, run.settings.converge_timeout_s)
+    outcome, reason = ended[0] if ended else ("completed" if settled else "", "")
+    took = time.monotonic() - started
+    return _Deployed(
+        settled,
+        took,
+        sorted(active.values()),
+        outcome,
+        reason,
+        peak["moved"] if staged else None,
+        peak["failed"],
+    )
+
+
+def _running(view: DeviceView) -> bool:
+    state = view.skill(SKILL)
+    return state is not None and state.state in ("running", "rolled_back") and bool(state.version)
 
 
 def _summary(
@@ -329,7 +382,7 @@ def _summary(
             VersionSummary(
                 version=version,
                 devices_running=c.running,
-                failed_installs=c.failed,
+                failed_installs=max(c.failed, d.failed_seen if d else 0),
                 inferences=k.inferences if k else 0,
                 accuracy=k.correct / k.inferences if k and k.inferences else None,
                 latency_p50_ms=percentile(k.latencies_ms, 50) if k else None,
@@ -339,6 +392,9 @@ def _summary(
                 converge_s=d.converge_s if d else None,
                 active_p50_s=percentile(d.active_s, 50) if d else None,
                 active_p99_s=percentile(d.active_s, 99) if d else None,
+                outcome=d.outcome if d else "",
+                outcome_reason=d.reason if d else "",
+                moved=d.moved if d else None,
             )
         )
     enrol = [t for s in statuses for t in s.get("enrol_s", [])]

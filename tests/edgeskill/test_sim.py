@@ -100,13 +100,63 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
     assert not (tmp_path / "edgeskill-sim").exists()
 
 
+#: The gates of the 200-device run: the canary (40 devices) must all finish before the
+#: install gate judges, so 1% failing (2 devices at most in it, 5%) passes and 20% (about
+#: 8) fails; the KPI gates need 2,000 labelled answers a side, where a 5-point accuracy
+#: drop is about 4 standard errors from the 2.5-point limit, and a good version as far.
+GATED_PLAN = """
+strategy = "canary"
+canary = "20%"
+wave_interval_s = 0
+soak_s = 2
+[gates]
+install_failure = { max = "5%", min_samples = 40 }
+health = "10%"
+accuracy_drop = { max = 2.5, min_samples = 2000 }
+p95_ratio = { max = 1.5, min_samples = 500 }
+"""
+
+
+@pytest.mark.slow
+def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good_one(
+    tmp_path: Path,
+) -> None:
+    # One fleet, five versions against the same baseline: a bad build (20% of installs
+    # fail), a model 5 points less accurate, one twice as slow, then a good one with 1%
+    # of installs failing. Boards are all alike, so latency compares like with like.
+    out = tmp_path / "summary.json"
+    args = ["--devices", "200", "--procs", "2", "--insecure", "--boards", "x86-cpu=1"]
+    for version in ("1.0.0", "2.0.0", "3.0.0", "4.0.0", "5.0.0"):
+        args += ["--deploy", version]
+    args += ["--fail-installs", "2.0.0=0.2,5.0.0=0.01"]
+    args += ["--accuracy", "1.0.0=0.9,2.0.0=0.9,3.0.0=0.85,4.0.0=0.9,5.0.0=0.9"]
+    args += ["--latency-ms", "4.0.0=20", "--rate", "10", "--strategy", "canary"]
+    args += ["--plan", GATED_PLAN, "--json", str(out)]
+    result = _sim(tmp_path, *args, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = _rows(json.loads(out.read_text(encoding="utf-8")))
+    ended = {v: (rows[v]["outcome"], rows[v]["outcome_reason"]) for v in rows}
+    assert ended["1.0.0"] == ("completed", "")
+    for version, gate in (("2.0.0", "install failures"), ("3.0.0", "accuracy"), ("4.0.0", "p95")):
+        outcome, reason = ended[version]
+        assert outcome == "rolled_back", (version, reason)
+        assert gate in reason, (version, reason)
+        # stopped at the canary: its 40 devices moved, and every one came back
+        assert (rows[version]["moved"], rows[version]["devices_running"]) == (40, 0)
+    assert rows["2.0.0"]["failed_installs"] > 2  # the gate saw the failures, no more waves
+    assert (ended["5.0.0"][0], rows["5.0.0"]["moved"]) == ("completed", 200)
+    assert (rows["5.0.0"]["devices_running"], rows["5.0.0"]["failed_installs"]) == (198, 2)
+    assert rows["1.0.0"]["devices_running"] == 2  # the two whose install of 5.0.0 failed
+    assert "3.0.0: rolled_back after moving 40 device(s): gate failed: accuracy" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
         (["--devices", "0"], "--devices 0"),
         (["--devices", "5", "--fail-installs", "2.0.0=1.5"], "2.0.0=1.5"),
         (["--devices", "5", "--accuracy", "2.0.0"], "VERSION=NUMBER"),
-        (["--devices", "5", "--deploy", "3.0.0"], "3.0.0"),
+        (["--devices", "5", "--deploy", "9.0.0"], "9.0.0"),
         (["--devices", "5", "--hubs", "2"], "--store-url"),
         (["--devices", "5", "--procs", "6"], "--procs 6"),
         (["--devices", "5", "--boards", "toaster=1"], "toaster"),
