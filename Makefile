@@ -36,7 +36,7 @@ lint: setup
 	$(PY) -m protos.generate --check
 
 test: setup services lint
-	$(WITH_SERVICES) $(VENV)/bin/pytest -q --durations=40
+	$(WITH_SERVICES) $(VENV)/bin/pytest -q -n 2 --dist worksteal --durations=40
 
 bench: setup services
 	$(WITH_SERVICES) for b in tests/bench/bench_*.py; do $(PY) $$b || exit 1; done

@@ -18,7 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Fleet", "agent_args", "find_program", "free_port", "wait_for_port", "wait_until"]
+__all__ = [
+    "Fleet",
+    "Usage",
+    "agent_args",
+    "find_program",
+    "free_port",
+    "usage",
+    "wait_for_port",
+    "wait_until",
+]
 
 # Where daemons such as mosquitto live, which a user's PATH often lacks.
 _SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
@@ -67,6 +76,28 @@ class Fleet:
         """Stop every child."""
         for name in list(self.procs):
             self.stop(name)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a process has used so far: CPU seconds (user + system) and peak resident MiB."""
+
+    cpu_s: float
+    peak_rss_mb: float
+
+
+def usage(pid: int) -> Usage | None:
+    """The CPU and peak memory of a running process (Linux ``/proc``); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    peak_kb = next(
+        (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0
+    )
+    return Usage((int(stat[11]) + int(stat[12])) / ticks, peak_kb / 1024)
 
 
 def find_program(name: str) -> str | None:

@@ -142,6 +142,9 @@ class RunSummary:
     hub_inferences: int
     versions: list[VersionSummary]
     ok: bool
+    #: CPU seconds of every hub process together, and the largest one's peak resident MiB.
+    hub_cpu_s: float | None = None
+    hub_peak_rss_mb: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain data."""
@@ -188,7 +191,8 @@ def summary_table(s: RunSummary) -> Table:
     security = "secure (enrolled, TLS)" if s.secure else "insecure"
     title = (
         f"{s.started}/{s.devices} devices over {s.transport}, {s.hubs} hub(s), "
-        f"{s.procs} process(es), {security}; connected in {_num(s.connect_s, '.1f', ' s')}"
+        f"{s.procs} process(es), {security}; connected in {_num(s.connect_s, '.1f', ' s')}; "
+        f"hub CPU {_num(s.hub_cpu_s, '.1f', ' s')}, peak {_num(s.hub_peak_rss_mb, '.0f', ' MiB')}"
     )
     table = Table(
         "version",

@@ -29,7 +29,7 @@ from cloud.rollout import parse_strategy
 from cloud.service import FleetService
 from cloud.service.deployments import DeploymentService
 from cloud.service.views import DeviceView
-from edgeskill.processes import Fleet
+from edgeskill.processes import Fleet, usage
 from edgeskill.sim.hubside import (
     GROUP,
     LABELS,
@@ -209,9 +209,12 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
         _stop_workers(workers)
         final = run.statuses() if run is not None else []
         views = service.devices.list(LABELS)
+        used = [u for p in hubs.procs.values() if (u := usage(p.pid)) is not None]
         hubs.stop_all()
         broker.stop_all()
     summary = _summary(settings, service, final, views, connect_s, deployed)
+    summary.hub_cpu_s = sum(u.cpu_s for u in used) if used else None
+    summary.hub_peak_rss_mb = max(u.peak_rss_mb for u in used) if used else None
     console.print(summary_table(summary))
     for line in outcome_lines(summary):
         console.print(line, soft_wrap=True, highlight=False, markup=False)

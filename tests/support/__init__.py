@@ -11,7 +11,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from edgeskill.processes import Fleet, agent_args, free_port, wait_for_port, wait_until
+from edgeskill.processes import Fleet, agent_args, wait_for_port, wait_until
+from tests.support.ports import free_port
 
 __all__ = ["Fleet", "agent_args", "async_wait_until", "free_port", "wait_for_port", "wait_until"]
 

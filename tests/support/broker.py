@@ -20,7 +20,8 @@ from urllib.parse import quote, urlencode
 
 from cloud.broker import hub_client_cert, write_broker_config
 from cloud.pki import PKI_DIR, CertificateAuthority, IssuedCert
-from edgeskill.processes import find_program, free_port, wait_for_port
+from edgeskill.processes import find_program, wait_for_port
+from tests.support.ports import free_port
 
 __all__ = ["TlsBroker", "tls_broker"]
 

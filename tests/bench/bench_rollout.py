@@ -1,0 +1,132 @@
+"""Rollout benchmark: a fleet of simulated devices upgraded by one hub, over MQTT and gRPC.
+
+Run: ``python tests/bench/bench_rollout.py [--devices 10000] [--procs 4]``
+(``make bench`` points it at the project's test broker).
+
+Each run is one ``edgeskill sim`` process (real agents in worker processes,
+one real ``hub serve`` process, SQLite store): the fleet connects, 1.0.0 is
+deployed to every device, then 2.0.0, all at once, so its wave opens when the
+deployment is made. Measured on the upgrade:
+
+* ``converge_s``: from the deployment to every device running 2.0.0;
+* ``p50_active_s`` / ``p99_active_s``: per device, from the wave opening to the
+  hub seeing it run 2.0.0 (the simulator looks twice a second);
+* ``hub_cpu_s`` / ``hub_peak_rss_mb``: the hub process over the whole run
+  (connect, both deployments, telemetry).
+
+The reference is the pace of Greengrass v2's fastest rollout (1,000 devices a
+minute, its ``maximumPerMinute`` cap): ``vs_greengrass`` is that time over
+ours. It prints a table and writes ``tests/bench/results/rollout.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from plots import plot_bars
+from rich.console import Console
+from rich.table import Table
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.services import mqtt_url
+
+RESULTS = Path(__file__).parent / "results" / "rollout.json"
+#: Greengrass v2's largest rollout rate, devices per minute.
+GREENGRASS_PER_MIN = 1000
+console = Console()
+
+
+def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One simulator run; its row."""
+    out = work / f"{transport}.json"
+    argv = [sys.executable, "-m", "edgeskill.cli", "sim", "--devices", str(args.devices)]
+    argv += ["--procs", str(args.procs), "--insecure", "--deploy", "1.0.0", "--deploy", "2.0.0"]
+    argv += ["--rate", str(args.rate), "--telemetry-window", "10", "--json", str(out)]
+    argv += ["--connect-timeout", str(args.timeout), "--converge-timeout", str(args.timeout)]
+    argv += ["--workdir", str(work / transport)]
+    if transport == "mqtt":
+        argv += ["--transport", "mqtt", "--mqtt-url", mqtt_url(f"es-bench/{uuid.uuid4().hex[:8]}")]
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if not out.exists():
+        console.print(done.stdout[-3000:], done.stderr[-3000:], markup=False)
+        raise SystemExit(f"the {transport} run wrote no summary (exit {done.returncode})")
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    upgrade = next(v for v in summary["versions"] if v["version"] == "2.0.0")
+    converge = upgrade["converge_s"] if upgrade["converged"] else None
+    greengrass_s = args.devices / GREENGRASS_PER_MIN * 60
+    return {
+        "transport": transport,
+        "devices": args.devices,
+        "connected_in_s": _round(summary["connect_s"]),
+        "converged": bool(upgrade["converged"]),
+        "converge_s": _round(converge),
+        "p50_active_s": _round(upgrade["active_p50_s"]),
+        "p99_active_s": _round(upgrade["active_p99_s"]),
+        "running_2_0_0": upgrade["devices_running"],
+        "hub_cpu_s": _round(summary["hub_cpu_s"]),
+        "hub_peak_rss_mb": _round(summary["hub_peak_rss_mb"]),
+        "vs_greengrass": _round(greengrass_s / converge) if converge else None,
+        "wall_s": round(wall, 1),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 2)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"rollout of 2.0.0 to {rows[0]['devices']} simulated devices, one hub")
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=10000)
+    parser.add_argument("--procs", type=int, default=4, help="simulator worker processes")
+    parser.add_argument("--rate", type=float, default=0.1, help="inputs per device per second")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
+    parser.add_argument(
+        "--transports", type=lambda v: v.split(","), default=["mqtt", "grpc"], help="a,b"
+    )
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="edgeskill-bench-rollout-") as tmp:
+        rows = [run_once(t, args, Path(tmp)) for t in args.transports]
+    print_table(rows)
+    meta = {
+        "cpu_count": os.cpu_count(),
+        "hub": "one `hub serve` process, SQLite store, insecure (no TLS)",
+        "strategy": "all at once; the wave opens at the deployment",
+        "load_processes": args.procs,
+        "rate_per_device": args.rate,
+        "goal": "10,000 devices converged in < 60 s, p99 time-to-active < 2 s",
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    keys = ["converge_s", "p50_active_s", "p99_active_s", "hub_cpu_s"]
+    title = f"rollout to {args.devices} devices, one 2-core hub"
+    picture = plot_bars(rows, "transport", keys, RESULTS.with_suffix(".png"), title)
+    console.print(f"wrote {RESULTS} and {picture} in {meta['wall_s']} s")
+    if not all(r["converged"] for r in rows):
+        raise SystemExit("a rollout did not converge")
+
+
+if __name__ == "__main__":
+    main()
