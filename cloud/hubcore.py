@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
-from cloud.errors import ValidationError
+from cloud.errors import HubError, ValidationError
 from cloud.fetch_serving import fetch_error_code, open_repository_file
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
@@ -63,6 +63,8 @@ Loop = tuple[str, Callable[[], Awaitable[None]]]
 _DESIRED_BATCH = 500
 #: Most (kind, reason) pairs of device security events counted apart; the rest are "other".
 _MAX_EVENT_SERIES = 256
+#: Seconds heartbeats gather before they are written together.
+HEARD_LINGER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class HubCore:
         self._seen: Lru[tuple[str, str]] = Lru(limits.seen_ids)
         self._known: set[str] = set()
         self._unknown: Lru[str] = Lru(10_000)
+        self._heard: dict[str, int] = {}
+        self._heard_flush: asyncio.Task[None] | None = None
 
     def loops(self) -> list[Loop]:
         """The coroutines every hub process must keep running while it serves devices.
@@ -159,8 +163,18 @@ class HubCore:
         return [("desired-notifier", self.notifier.run)]
 
     async def close(self) -> None:
-        """Write the telemetry still waiting for its batch; later telemetry is refused."""
+        """Write the telemetry and heartbeats still waiting for their batch.
+
+        Later telemetry is refused.
+        """
         await self.telemetry.close()
+        pending, self._heard_flush = self._heard_flush, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+        if self._heard:
+            await self._flush_heard(0.0)
 
     def session(self, claimed: str | None = None, *, bound: bool = False) -> DeviceSession:
         """A session for one device's traffic.
@@ -355,10 +369,22 @@ class HubCore:
     async def heard(self, device_id: str) -> None:
         """Record a message from the device itself (a heartbeat): it is connected, seen now.
 
-        Raises:
-            StoreError: the store failed.
+        Heartbeats are not acknowledged, so they are written in batches: every
+        device heard within ``HEARD_LINGER_S`` goes into one transaction (a
+        write per heartbeat was the hub's largest cost with a thousand devices).
+        A failed batch is logged; the next heartbeats carry the news again.
         """
-        await asyncio.to_thread(self.store.touch_device, device_id, now_ms=now_ms(), online=True)
+        self._heard[device_id] = now_ms()
+        if self._heard_flush is None or self._heard_flush.done():
+            self._heard_flush = asyncio.create_task(self._flush_heard(HEARD_LINGER_S))
+
+    async def _flush_heard(self, linger_s: float) -> None:
+        await asyncio.sleep(linger_s)
+        batch, self._heard = self._heard, {}
+        try:
+            await asyncio.to_thread(self.store.touch_devices, batch)
+        except HubError as exc:
+            log.warning("could not record %d heartbeats: %s", len(batch), exc)
 
     async def presence(self, device_id: str, *, online: bool) -> None:
         """Record whether a device is connected, as news not from the device itself.

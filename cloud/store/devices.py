@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Row, case, delete, func, select, update
+from sqlalchemy import Connection, Row, bindparam, case, delete, func, select, update
 
 from cloud.errors import ConflictError, NotFoundError
 from cloud.presence import online_clause
@@ -164,6 +164,32 @@ class DeviceTables(StoreBase):
         with self._tx(write=True) as conn:
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"no device {device_id!r}")
+
+    def touch_devices(self, seen: Mapping[str, int]) -> None:
+        """:meth:`touch_device` (online) for many devices in one transaction.
+
+        ``seen`` maps device ids to the time each was last heard from; ids the
+        store does not know are skipped (they can only have been heard through a
+        session that registered them, so they were deleted meanwhile).
+
+        Raises:
+            ValidationError: A malformed id or time (nothing is written).
+            StoreError: The database failed.
+        """
+        rows = []
+        for device_id, at_ms in seen.items():
+            check.device_id(device_id)
+            check.counter(at_ms, "now_ms")
+            rows.append({"b_device_id": device_id, "b_seen": at_ms})
+        if not rows:
+            return
+        stmt = (
+            update(devices)
+            .where(devices.c.device_id == bindparam("b_device_id"))
+            .values(last_seen_ms=bindparam("b_seen"), online=True)
+        )
+        with self._tx(write=True) as conn:
+            conn.execute(stmt, rows)
 
     def set_device_connected(self, device_id: str, *, connected: bool) -> None:
         """Record that a device's connection began or ended, leaving its last-seen time.

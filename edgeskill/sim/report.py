@@ -145,6 +145,8 @@ class RunSummary:
     #: CPU seconds of every hub process together, and the largest one's peak resident MiB.
     hub_cpu_s: float | None = None
     hub_peak_rss_mb: float | None = None
+    #: CPU seconds of the worker processes: what the simulated agents cost this machine.
+    agents_cpu_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain data."""
@@ -192,7 +194,8 @@ def summary_table(s: RunSummary) -> Table:
     title = (
         f"{s.started}/{s.devices} devices over {s.transport}, {s.hubs} hub(s), "
         f"{s.procs} process(es), {security}; connected in {_num(s.connect_s, '.1f', ' s')}; "
-        f"hub CPU {_num(s.hub_cpu_s, '.1f', ' s')}, peak {_num(s.hub_peak_rss_mb, '.0f', ' MiB')}"
+        f"hub CPU {_num(s.hub_cpu_s, '.1f', ' s')}, peak {_num(s.hub_peak_rss_mb, '.0f', ' MiB')}; "
+        f"agents' CPU {_num(s.agents_cpu_s, '.1f', ' s')}"
     )
     table = Table(
         "version",

@@ -114,6 +114,7 @@ class _Worker:
             "sessions": self.faults.sessions,
             "disconnects": self.faults.disconnects,
             "enrol_s": sorted(self.enrol_s) if final else [],
+            "cpu_s": time.process_time(),  # every thread of this worker: its agents' cost
             "final": final,
             **snapshot,
         }

@@ -16,6 +16,7 @@ from protos.envelope import now_ms
 from protos.fetch import FetchErrorCode
 from skills.trust import TrustRepository
 from skills.trust.director import DirectorVerifier
+from tests.support import async_wait_until
 
 
 @pytest.fixture
@@ -68,6 +69,27 @@ def test_telemetry_is_acked_and_stored_once(core: HubCore) -> None:
         (ack,) = asyncio.run(core.handle("cam-1", env))
         assert list(ack.ack.ids) == [env.id]
     assert len(core.store.telemetry_for("cam-1")) == 1
+
+
+def test_heartbeats_are_written_together_and_the_last_batch_on_close(core: HubCore) -> None:
+    async def scenario() -> None:
+        for device in ("cam-1", "cam-2"):
+            await core.register(register(device))
+            await core.disconnected(device)
+        before = now_ms()
+        for device in ("cam-1", "cam-2"):
+            assert await core.handle(device, make_envelope(device, heartbeat=pb.Heartbeat())) == []
+        await async_wait_until(
+            lambda: all(d.online and d.last_seen_ms >= before for d in core.store.list_devices()),
+            10,
+            "both heartbeats written",
+        )
+        await core.disconnected("cam-1")
+        await core.handle("cam-1", make_envelope("cam-1", heartbeat=pb.Heartbeat()))
+        await core.close()  # at once, not after the linger
+
+    asyncio.run(scenario())
+    assert core.store.get_device("cam-1").online  # type: ignore[union-attr]
 
 
 def test_a_device_cannot_speak_for_another(core: HubCore) -> None:

@@ -104,6 +104,18 @@ def test_touch_device_updates_presence_and_refuses_unknown_devices(store: Store)
         store.touch_device("ghost", now_ms=13)
 
 
+def test_touch_devices_marks_many_seen_in_one_go_and_skips_unknown_ones(store: Store) -> None:
+    for device in ("cam-1", "cam-2", "cam-3"):
+        store.register_device(device, CAMERA, {}, now_ms=10)
+        store.touch_device(device, now_ms=11, online=False)
+    store.touch_devices({"cam-1": 20, "cam-2": 21, "ghost": 22})
+    seen = {d.device_id: (d.last_seen_ms, d.online) for d in store.list_devices()}
+    assert seen == {"cam-1": (20, True), "cam-2": (21, True), "cam-3": (11, False)}
+    with pytest.raises(ValidationError):
+        store.touch_devices({"cam-3": 30, "a/b": 31})
+    assert store.get_device("cam-3").last_seen_ms == 11  # type: ignore[union-attr]
+
+
 def test_list_devices_filters_by_selector(store: Store) -> None:
     store.register_device("cam-2", CAMERA, {}, now_ms=1)
     store.register_device("cam-1", {"kind": "camera", "site": "plant-4"}, {}, now_ms=1)

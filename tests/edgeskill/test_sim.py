@@ -97,6 +97,7 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
     assert rows["2.0.0"]["latency_p50_ms"] > 2 * rows["1.0.0"]["latency_p50_ms"]
     assert 0 < summary["hub_inferences"] <= summary["device_inferences"]
     assert summary["hub_cpu_s"] > 0 and summary["hub_peak_rss_mb"] > 50  # a Python hub process
+    assert summary["agents_cpu_s"] > 0
     assert "2.0.0" in result.stdout and "failed installs" in result.stdout
     assert not (tmp_path / "edgeskill-sim").exists()
 
