@@ -390,11 +390,19 @@ class HubCore:
         """Record whether a device is connected, as news not from the device itself.
 
         Its last-seen time stays: a broker's status replayed late cannot make it look fresh.
+        A heartbeat of the device still waiting for its batch is written with this
+        news, so it cannot land later and mark a gone device connected again.
 
         Raises:
             StoreError: the store failed.
         """
-        await asyncio.to_thread(self.store.set_device_connected, device_id, connected=online)
+        heard_ms = self._heard.pop(device_id, None)
+        if heard_ms is not None:
+            await asyncio.to_thread(
+                self.store.touch_device, device_id, now_ms=heard_ms, online=online
+            )
+        else:
+            await asyncio.to_thread(self.store.set_device_connected, device_id, connected=online)
 
     async def disconnected(self, device_id: str) -> None:
         """Mark a device disconnected after its connection ended (it is offline until it speaks).

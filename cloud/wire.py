@@ -119,6 +119,7 @@ def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
         correct=msg.correct,
         latency_p50_ms=msg.latency_p50_ms,
         latency_p99_ms=msg.latency_p99_ms,
+        latency_p95_ms=msg.latency_p95_ms,
         window_start_ms=msg.window_start_ms,
         window_end_ms=msg.window_end_ms,
         dropped_messages=msg.dropped_messages,

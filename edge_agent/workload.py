@@ -91,6 +91,7 @@ class WindowStats:
             correct=self.correct,
             latency_p50_ms=float(np.percentile(lat, 50)),
             latency_p99_ms=float(np.percentile(lat, 99)),
+            latency_p95_ms=float(np.percentile(lat, 95)),
             window_start_ms=self.started_ms,
             window_end_ms=now_ms(),
             dropped_messages=dropped,

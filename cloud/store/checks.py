@@ -145,7 +145,7 @@ def telemetry(record: TelemetryRecord) -> None:
         counter(getattr(record, field_name), field_name)
     if record.correct > record.labelled or record.labelled > record.inferences:
         raise ValidationError("telemetry needs correct <= labelled <= inferences")
-    for field_name in ("latency_p50_ms", "latency_p99_ms"):
+    for field_name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
         if _finite(getattr(record, field_name), field_name) < 0:
             raise ValidationError(f"negative {field_name}")
     if len(record.metrics) > MAX_METRICS:

@@ -146,6 +146,8 @@ class TelemetryRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     received_ms: int = 0
     device_id: str = ""
+    #: 0 when the device did not say (agents older than the field).
+    latency_p95_ms: float = 0.0
 
 
 @dataclass(frozen=True)

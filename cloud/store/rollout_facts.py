@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, and_, case, func, select
 
 from cloud.errors import StoreError
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
@@ -76,7 +76,10 @@ def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | 
 def _kpis(
     conn: Connection, ids: Any, skill: str, since_ms: int
 ) -> tuple[tuple[str, str, int, int, int, float, int], ...]:
-    """Each target's telemetry totals per version; the tail latency is the mean window p99."""
+    """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
+
+    A window without a p95 (from an agent older than the field) counts with its p99.
+    """
     t = telemetry.c
     query = (
         select(
@@ -85,7 +88,7 @@ def _kpis(
             func.sum(t.inferences),
             func.sum(t.labelled),
             func.sum(t.correct),
-            func.avg(t.latency_p99_ms),
+            func.avg(case((t.latency_p95_ms > 0, t.latency_p95_ms), else_=t.latency_p99_ms)),
             func.max(t.received_ms),
         )
         .where(and_(t.skill == skill, t.window_end_ms >= since_ms, t.device_id.in_(ids)))

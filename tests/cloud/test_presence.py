@@ -29,6 +29,7 @@ from cloud.store.schema import devices
 from protos import encode_envelope, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from skills.trust import TrustRepository
+from tests.support import async_wait_until
 
 # -- the pure rule -------------------------------------------------------------------
 
@@ -228,8 +229,17 @@ def test_the_core_tells_and_records_its_interval_and_heartbeats_move_last_seen(
         store.touch_device("cam-1", now_ms=1)  # as if long silent
         before = now_ms()
         assert await session.receive(_heartbeat("cam-1"), "heartbeat") == []
-        assert _last_seen(store, "cam-1") >= before
-        await session.close()  # the stream ended: disconnected, last seen unchanged
+        await session.close()  # ends before the heartbeat's batch is written: written with it
+        device = store.get_device("cam-1")
+        assert device is not None and not device.online and device.last_seen_ms >= before
+        beat = make_envelope("cam-1", heartbeat=pb.Heartbeat())
+        assert await core.handle("cam-1", beat) == []
+        await async_wait_until(
+            lambda: store.get_device("cam-1").online,  # type: ignore[union-attr]
+            10,
+            "the heartbeat's batch written",
+        )
+        await core.disconnected("cam-1")  # the stream ended: disconnected, last seen unchanged
         device = store.get_device("cam-1")
         assert device is not None and not device.online and device.last_seen_ms >= before
         await core.close()

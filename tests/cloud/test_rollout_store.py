@@ -278,13 +278,28 @@ def test_an_ab_rollout_splits_the_group_and_compares_kpis(store: Store) -> None:
     for device, version in split.items():
         skill = store.desired_for(device).skills[0]
         assert (skill.version, skill.target_name) == (version, f"face-{version}.skill")
+        p95 = 5.0 if version == "3.0.0" else 0.0  # 1.0.0 as from an agent without p95
         record = TelemetryRecord(
-            "face", version, 100, 100, 90, 2.0, 9.0, clock.now - 500, clock.now, received_ms=0
+            "face",
+            version,
+            100,
+            100,
+            90,
+            2.0,
+            9.0,
+            clock.now - 500,
+            clock.now,
+            received_ms=0,
+            latency_p95_ms=p95,
         )
         store.add_telemetry(f"{device}-1", device, record)
     step(loop, clock)
     state = RolloutState.from_json(store.rollouts_of([new.id])[new.id].state)
     assert {(d, v) for d, v in state.kpis} == set(split.items())
+    # the gates compare p95s; a window without one counts with its p99
+    assert {k: w.p95_ms for k, w in state.kpis.items()} == {
+        (d, v): 5.0 if v == "3.0.0" else 9.0 for d, v in split.items()
+    }
 
 
 def test_corrupt_rollout_rows_are_skipped_not_fatal(store: Store) -> None:

@@ -53,6 +53,7 @@ def window(**changes: Any) -> TelemetryRecord:
         "correct": 3,
         "latency_p50_ms": 2.0,
         "latency_p99_ms": 9.0,
+        "latency_p95_ms": 7.0,
         "window_start_ms": 0,
         "window_end_ms": 1000,
         "metrics": {"drift": 0.25},
@@ -352,12 +353,14 @@ def test_telemetry_is_idempotent_by_message_id(store: Store) -> None:
     assert len(stored) == 3
     assert stored[0].inferences == 10 and stored[0].device_id == "cam-1"
     assert stored[0].metrics == {"drift": 0.25}
+    assert (stored[0].latency_p95_ms, stored[0].latency_p99_ms) == (7.0, 9.0)
 
 
 def test_a_bad_item_rejects_the_whole_batch(store: Store) -> None:
     bad = [
         window(correct=5),  # more correct than labelled
         window(latency_p50_ms=float("nan")),
+        window(latency_p95_ms=-1.0),
         window(metrics={"bad key": 1.0}),
         window(inferences=-1),
         window(device_id="someone-else"),

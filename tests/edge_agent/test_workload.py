@@ -20,6 +20,7 @@ def test_window_counts_accuracy_and_latency_percentiles() -> None:
     assert (msg.inferences, msg.labelled, msg.correct) == (101, 100, 82)
     assert msg.latency_p50_ms == pytest.approx(50.0, abs=1.0)
     assert msg.latency_p99_ms == pytest.approx(99.0, abs=1.0)
+    assert msg.latency_p95_ms == pytest.approx(95.0, abs=1.0)
     assert msg.dropped_messages == 7 and msg.window_end_ms >= msg.window_start_ms
 
 
