@@ -188,6 +188,7 @@ def build_agent(
     *,
     launcher: SkillLauncher | None = None,
     transports: TransportFactory | None = None,
+    source: ReplaySource | None = None,
 ) -> Agent:
     """Build an agent from its settings, with the real parts unless others are given.
 
@@ -199,6 +200,8 @@ def build_agent(
         profile: The device's profile; detected (or taken from ``config.board``) by default.
         launcher: Starts skills; sandboxed control processes by default.
         transports: Opens sessions with the hub; the transport of ``config.hub_url`` by default.
+        source: Inputs already read, shared by many agents in one process (the
+            simulator); ``config.source`` is read by default.
 
     Raises:
         SettingsError: a setting cannot be used, or no trusted root was given and
@@ -215,7 +218,8 @@ def build_agent(
         raise AgentError(f"cannot create the state folder {state}: {exc}") from exc
     link = HubLink(config.max_bundle_bytes)
     trust = TrustClient(state / TRUST_DIR, link.fetch, trusted_root=root)
-    source = ReplaySource.load(config.source) if config.source is not None else None
+    if source is None and config.source is not None:
+        source = ReplaySource.load(config.source)
     installs = InstallStore(state / "installs")
     launcher = launcher or make_launcher(
         profile.targets,

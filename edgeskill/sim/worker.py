@@ -32,6 +32,7 @@ from edge_agent.errors import AgentError, TransportError
 from edge_agent.profile import PROFILES, profile_for
 from edge_agent.sandbox.launcher import SkillLauncher
 from edge_agent.wiring import build_agent, ensure_identity, transport_factory
+from edge_agent.workload import ReplaySource
 from edgeskill.sim.faults import FaultCounters, faulty_factory
 from edgeskill.sim.params import DevicePlan, VersionSpec
 from edgeskill.sim.runtime import SimStats, SimulatedLauncher
@@ -101,6 +102,8 @@ class _Worker:
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     enrol_s: list[float] = field(default_factory=list)
+    #: The inputs, read once and shared by every agent of the worker.
+    source: ReplaySource | None = None
 
     def status(self, *, final: bool = False) -> dict[str, Any]:
         snapshot = self.stats.snapshot(latencies=final)
@@ -186,7 +189,12 @@ async def _start_one(
         # The simulated process has the shape of a SkillProcess, not its type.
         as_launcher = cast("SkillLauncher", launcher)
         agent = await asyncio.to_thread(
-            build_agent, config, profile, launcher=as_launcher, transports=transports
+            build_agent,
+            config,
+            profile,
+            launcher=as_launcher,
+            transports=transports,
+            source=worker.source,
         )
     except (AgentError, SkillError, TransportError) as exc:
         worker.failed += 1
@@ -206,7 +214,9 @@ async def run_worker(spec: WorkerSpec, stop: asyncio.Event) -> None:
     token = None
     if spec.claim_token_file is not None:
         token = spec.claim_token_file.read_text(encoding="utf-8").strip()
-    worker = _Worker(spec)
+    # Read once: thousands of agents each reading it on worker threads cost memory, and
+    # numpy's header parse is not safe to run on many threads at once on Python 3.11.
+    worker = _Worker(spec, source=ReplaySource.load(spec.source))
     gate = asyncio.Semaphore(ENROL_CONCURRENCY)
 
     async def start(index: int, device: DevicePlan) -> asyncio.Task[None] | None:

@@ -6,8 +6,10 @@ import asyncio
 import socket
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,7 +20,7 @@ from edge_agent.metrics import MAX_SERIES, InferenceCounter, start_agent_metrics
 from edge_agent.outbox import Outbox
 from edge_agent.reconciler import SkillState
 from edge_agent.wiring import build_agent
-from edge_agent.workload import WindowStats
+from edge_agent.workload import ReplaySource, WindowStats
 from protos import make_envelope, pb
 from protos.metrics_server import MetricsBindError, parse_bind
 from skills.trust import TrustRepository
@@ -162,3 +164,18 @@ def test_inference_series_are_capped() -> None:
     snapshot = counts.snapshot()
     assert len(snapshot) == MAX_SERIES
     assert snapshot[("digits", "1.0.0")] == 5
+
+
+def test_agents_of_one_process_can_share_one_source_read_once(tmp_path: Path) -> None:
+    path = tmp_path / "inputs.npz"
+    np.savez(path, x=np.zeros((4, 1, 8, 8), np.float32), y=np.arange(4))
+    shared = ReplaySource.load(path)
+    first = build_agent(replace(config(tmp_path), source=path), source=shared)
+    second = build_agent(
+        replace(config(tmp_path / "b"), device_id="cam-2", source=path), source=shared
+    )
+    try:
+        assert first._source is shared and second._source is shared  # not read again
+    finally:
+        first.outbox.close()
+        second.outbox.close()
