@@ -103,8 +103,9 @@ class VersionSummary:
 
     version: str
     devices_running: int
-    #: Installs of it that failed (for a rolled-back version: as many as were seen
-    #: before the rollback put those devices back).
+    #: Devices seen with a failed install of it: the most at any one look while it
+    #: was deployed (so one that failed and later succeeded on a retry counts, and a
+    #: rolled-back version keeps the failures that stopped it), or at the end.
     failed_installs: int
     inferences: int
     accuracy: float | None
