@@ -29,7 +29,8 @@ from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
 from cloud.store import Store
 from cloud.store.events import EVENT_DEVICE, EVENT_SECURITY, NewEvent
-from cloud.telemetry_batcher import BatcherSettings, TelemetryBatcher
+from cloud.store.state import ReportItem
+from cloud.telemetry_batcher import BatcherSettings, GroupCommit, TelemetryBatcher
 from cloud.wire import (
     desired_envelope,
     desired_revision,
@@ -140,6 +141,16 @@ class HubCore:
                 max_items=limits.telemetry_batch_items, linger_s=limits.telemetry_linger_s
             ),
         )
+        # Reports too: a rollout's thousand devices each report a few times, and one
+        # transaction per report was the hub's largest cost after heartbeats.
+        self.reports: GroupCommit[ReportItem] = GroupCommit(
+            store.save_reports_many,
+            store.check_report,
+            BatcherSettings(
+                max_items=limits.telemetry_batch_items, linger_s=limits.telemetry_linger_s
+            ),
+            name="reports",
+        )
         #: Occurrences devices reported, by (kind, reason); exported as metrics.
         self.security_events: Counter[tuple[str, str]] = Counter()
         poll = (
@@ -168,6 +179,7 @@ class HubCore:
         Later telemetry is refused.
         """
         await self.telemetry.close()
+        await self.reports.close()
         pending, self._heard_flush = self._heard_flush, None
         if pending is not None and not pending.done():
             pending.cancel()
@@ -325,7 +337,13 @@ class HubCore:
             # The device's send time orders its reports (clamped: a fast clock must not
             # freeze them); a redelivered older report then cannot hide a newer one.
             made_ms = min(env.sent_at_ms, now_ms()) if env.sent_at_ms > 0 else now_ms()
-            await asyncio.to_thread(self._save_report, device_id, env.reported, made_ms)
+            report = env.reported
+            if len(report.skills) > self.limits.max_skills_reported:
+                raise ProtocolError(
+                    f"report lists more than {self.limits.max_skills_reported} skills"
+                )
+            statuses = skill_status_records(report)
+            await self.reports.submit_item((device_id, report.generation, statuses, made_ms))
         elif kind == "telemetry":
             record = telemetry_record(env.telemetry)
             # Acked only after the batch holding it committed (end-to-end ack).
@@ -359,12 +377,6 @@ class HubCore:
             event.count,
             event.detail[:200],
         )
-
-    def _save_report(self, device_id: str, report: pb.ReportedState, made_ms: int) -> None:
-        if len(report.skills) > self.limits.max_skills_reported:
-            raise ProtocolError(f"report lists more than {self.limits.max_skills_reported} skills")
-        statuses = skill_status_records(report)
-        self.store.save_report(device_id, report.generation, statuses, now_ms=made_ms)
 
     async def heard(self, device_id: str) -> None:
         """Record a message from the device itself (a heartbeat): it is connected, seen now.

@@ -1,4 +1,4 @@
-"""Group commit for telemetry: many devices' windows in one store transaction.
+"""Group commit: many devices' messages in one store transaction (telemetry, reports).
 
 One transaction per message caps ingest at what the database commits per
 second. The batcher collects windows from every device that submits at the
@@ -18,16 +18,24 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from cloud.errors import StoreError, ValidationError
 from cloud.store import TelemetryRecord
 
-__all__ = ["BatcherClosedError", "BatcherSettings", "TelemetryBatcher", "TelemetryItem"]
+__all__ = [
+    "BatcherClosedError",
+    "BatcherSettings",
+    "GroupCommit",
+    "TelemetryBatcher",
+    "TelemetryItem",
+]
 
 #: ``(msg_id, device_id, record)``, as :meth:`cloud.store.Store.add_telemetry_many` takes it.
 TelemetryItem = tuple[str, str, TelemetryRecord]
 
 MAX_BATCH_ITEMS = 10_000
+ItemT = TypeVar("ItemT")
 
 
 class BatcherClosedError(StoreError):
@@ -59,26 +67,26 @@ class BatcherSettings:
 
 
 @dataclass
-class _Waiting:
-    item: TelemetryItem
+class _Waiting(Generic[ItemT]):
+    item: ItemT
     future: asyncio.Future[bool]
     since: float
 
 
 @dataclass
-class _Lane:
+class _Lane(Generic[ItemT]):
     """Everything bound to one event loop (asyncio primitives cannot change loops)."""
 
     loop: asyncio.AbstractEventLoop
     room: asyncio.Semaphore
-    queue: list[_Waiting] = field(default_factory=list)
+    queue: list[_Waiting[ItemT]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     full: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
 
-class TelemetryBatcher:
-    """Writes telemetry windows of many devices in shared transactions.
+class GroupCommit(Generic[ItemT]):
+    """Writes items of many devices in shared transactions.
 
     Used from one event loop at a time; it starts its flusher on first use
     inside the running loop, and starts afresh when used from a new loop (the
@@ -86,24 +94,28 @@ class TelemetryBatcher:
 
     Args:
         write: Stores a batch in one transaction and returns, per item, True
-            when stored or False for a duplicate (``Store.add_telemetry_many``).
+            when stored or False when it changed nothing (a duplicate).
             Called in a worker thread.
-        check: Raises ``ValidationError`` for an item ``write`` would refuse
-            (``Store.check_telemetry``); run on each item of a batch ``write``
-            refused as malformed, to refuse the bad items alone.
+        check: Raises ``ValidationError`` for an item ``write`` would refuse;
+            run on each item of a batch ``write`` refused as malformed, to
+            refuse the bad items alone.
         settings: Batch size, linger and caps.
+        name: What the items are, for messages and the flusher task's name.
     """
 
     def __init__(
         self,
-        write: Callable[[Sequence[TelemetryItem]], list[bool]],
-        check: Callable[[str, str, TelemetryRecord], None],
+        write: Callable[[Sequence[ItemT]], list[bool]],
+        check: Callable[[ItemT], None],
         settings: BatcherSettings | None = None,
+        *,
+        name: str = "items",
     ) -> None:
         self._write = write
         self._check = check
         self.settings = settings or BatcherSettings()
-        self._lane: _Lane | None = None
+        self.name = name
+        self._lane: _Lane[ItemT] | None = None
         self._closed = False
         #: Transactions written and items in them; exported as metrics.
         self.batches = 0
@@ -111,15 +123,15 @@ class TelemetryBatcher:
 
     @property
     def waiting(self) -> int:
-        """Windows submitted and not yet taken into a batch."""
+        """Items submitted and not yet taken into a batch."""
         lane = self._lane
         return 0 if lane is None else len(lane.queue)
 
-    async def submit(self, msg_id: str, device_id: str, record: TelemetryRecord) -> bool:
-        """Store one window with the next batch; return once that batch committed.
+    async def submit_item(self, item: ItemT) -> bool:
+        """Store one item with the next batch; return once that batch committed.
 
         Returns:
-            True when stored, False when the message id was stored before.
+            What ``write`` said of it: True when stored, False when it changed nothing.
 
         Raises:
             ValidationError: The item is malformed; the others in its batch are
@@ -128,12 +140,11 @@ class TelemetryBatcher:
             StoreError: The batch holding the item failed; nothing of it is stored.
         """
         if self._closed:
-            raise BatcherClosedError("the telemetry batcher is closed")
-        item = (msg_id, device_id, record)
+            raise BatcherClosedError(f"the {self.name} batcher is closed")
         lane = self._lane_for_running_loop()
         async with lane.room:
             if self._closed:
-                raise BatcherClosedError("the telemetry batcher is closed")
+                raise BatcherClosedError(f"the {self.name} batcher is closed")
             future: asyncio.Future[bool] = lane.loop.create_future()
             lane.queue.append(_Waiting(item, future, time.monotonic()))
             lane.ready.set()
@@ -157,16 +168,16 @@ class TelemetryBatcher:
         lane.full.set()
         await lane.task
 
-    def _lane_for_running_loop(self) -> _Lane:
+    def _lane_for_running_loop(self) -> _Lane[ItemT]:
         loop = asyncio.get_running_loop()
         lane = self._lane
         if lane is None or lane.loop is not loop or lane.task is None or lane.task.done():
             lane = _Lane(loop, asyncio.Semaphore(self.settings.max_waiting))
-            lane.task = loop.create_task(self._flush_forever(lane), name="telemetry-batcher")
+            lane.task = loop.create_task(self._flush_forever(lane), name=f"{self.name}-batcher")
             self._lane = lane
         return lane
 
-    async def _flush_forever(self, lane: _Lane) -> None:
+    async def _flush_forever(self, lane: _Lane[ItemT]) -> None:
         try:
             while True:
                 await lane.ready.wait()
@@ -188,7 +199,7 @@ class TelemetryBatcher:
                     waiting.future.set_exception(BatcherClosedError("the batcher stopped"))
             lane.queue.clear()
 
-    async def _wait_for_company(self, lane: _Lane) -> None:
+    async def _wait_for_company(self, lane: _Lane[ItemT]) -> None:
         if self._closed:
             return
         # Measured from the oldest item, so items that queued up during the
@@ -199,7 +210,7 @@ class TelemetryBatcher:
                 async with asyncio.timeout(left):
                     await lane.full.wait()
 
-    async def _flush(self, batch: list[_Waiting]) -> None:
+    async def _flush(self, batch: list[_Waiting[ItemT]]) -> None:
         try:
             results = await asyncio.to_thread(self._write_checked, [w.item for w in batch])
             if len(results) != len(batch):
@@ -223,7 +234,7 @@ class TelemetryBatcher:
             else:
                 waiting.future.set_result(stored)
 
-    def _write_checked(self, items: list[TelemetryItem]) -> list[bool | ValidationError]:
+    def _write_checked(self, items: list[ItemT]) -> list[bool | ValidationError]:
         """Write ``items``; when refused as malformed, write all but the bad ones (in a thread).
 
         Returns:
@@ -234,10 +245,10 @@ class TelemetryBatcher:
         except ValidationError:
             pass  # rare: find the bad items, so they alone are refused
         verdicts: list[bool | ValidationError] = []
-        good: list[TelemetryItem] = []
+        good: list[ItemT] = []
         for item in items:
             try:
-                self._check(*item)
+                self._check(item)
             except ValidationError as exc:
                 verdicts.append(exc)
                 continue
@@ -248,3 +259,35 @@ class TelemetryBatcher:
             raise StoreError(f"{len(written)} results for a batch of {len(good)}")
         stored = iter(written)
         return [v if isinstance(v, ValidationError) else next(stored) for v in verdicts]
+
+
+class TelemetryBatcher(GroupCommit[TelemetryItem]):
+    """Telemetry windows of many devices in shared transactions.
+
+    Args:
+        write: ``Store.add_telemetry_many``: True per stored window, False per duplicate.
+        check: ``Store.check_telemetry``: raises ``ValidationError`` for a bad window.
+        settings: Batch size, linger and caps.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[TelemetryItem]], list[bool]],
+        check: Callable[[str, str, TelemetryRecord], None],
+        settings: BatcherSettings | None = None,
+    ) -> None:
+        super().__init__(write, lambda item: check(*item), settings, name="telemetry")
+
+    async def submit(self, msg_id: str, device_id: str, record: TelemetryRecord) -> bool:
+        """Store one window with the next batch; return once that batch committed.
+
+        Returns:
+            True when stored, False when the message id was stored before.
+
+        Raises:
+            ValidationError: The window is malformed; the others in its batch are
+                stored all the same.
+            BatcherClosedError: The batcher is closed.
+            StoreError: The batch holding the window failed; nothing of it is stored.
+        """
+        return await self.submit_item((msg_id, device_id, record))

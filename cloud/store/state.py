@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Connection, Row, select
 
 from cloud.errors import NotFoundError, StoreError
 from cloud.selectors import check_labels
@@ -98,43 +98,41 @@ class StateTables(StoreBase):
             NotFoundError: The device never registered.
             StoreError: The database failed.
         """
-        check.device_id(device_id)
-        check.counter(generation, "generation")
-        check.counter(now_ms, "now_ms")
-        encoded = json.dumps([asdict(s) for s in check.statuses(skills)], sort_keys=True)
-        values = {"generation": generation, "skills": encoded, "reported_ms": now_ms}
-        stmt = (
-            self._dialect.insert(reported_states)
-            .values(device_id=device_id, **values)
-            .on_conflict_do_update(
-                index_elements=["device_id"],
-                set_=values,
-                where=(reported_states.c.generation < generation)
-                | (
-                    (reported_states.c.generation == generation)
-                    & (reported_states.c.reported_ms <= now_ms)
-                ),
-            )
-        )
-        # The previous report is read in the same transaction (the device's row locked
-        # on PostgreSQL), so each skill transition is logged once, with the report.
-        joined = devices.outerjoin(
-            reported_states, reported_states.c.device_id == devices.c.device_id
-        )
-        previous = (
-            select(devices.c.device_id, reported_states.c.skills)
-            .select_from(joined)
-            .where(devices.c.device_id == device_id)
-            .with_for_update(of=devices)
-        )
+        encoded = _checked_report(device_id, generation, skills, now_ms)
         with self._tx(write=True) as conn:
-            known = conn.execute(previous).first()
-            if known is None:
+            if (
+                _apply_report(self._dialect, conn, device_id, generation, skills, encoded, now_ms)
+                is None
+            ):
                 raise NotFoundError(f"no device {device_id!r}")
-            if conn.execute(stmt).rowcount:
-                changes = skill_transitions(device_id, _previous(device_id, known.skills), skills)
-                if changes:
-                    insert_events(conn, changes, at_ms=now_ms)
+
+    def check_report(self, item: ReportItem) -> None:
+        """Raise ``ValidationError`` when :meth:`save_reports_many` would refuse ``item``."""
+        _checked_report(*item)
+
+    def save_reports_many(self, items: Sequence[ReportItem]) -> list[bool]:
+        """:meth:`save_report` for reports of many devices, in one transaction.
+
+        ``items`` are ``(device_id, generation, skills, made_ms)``, applied in
+        order (two reports of one device keep theirs).
+
+        Returns:
+            Per item: True when it replaced the stored report, False when it
+            changed nothing (it arrived late, or the device is not registered).
+
+        Raises:
+            ValidationError: An item is malformed; nothing is written.
+            StoreError: The database failed; nothing is written.
+        """
+        checked = [(item, _checked_report(*item)) for item in items]
+        results = []
+        with self._tx(write=True) as conn:
+            for (device_id, generation, skills, made_ms), encoded in checked:
+                applied = _apply_report(
+                    self._dialect, conn, device_id, generation, skills, encoded, made_ms
+                )
+                results.append(bool(applied))
+        return results
 
     def reported_for(self, device_id: str) -> ReportedRecord | None:
         """Return a device's latest report, or None if it never reported.
@@ -212,3 +210,67 @@ def _previous(device_id: str, text: str | None) -> tuple[SkillStatusRecord, ...]
 def _report_record(row: Row[Any]) -> ReportedRecord:
     skills = _decode_statuses(row.device_id, row.skills)
     return ReportedRecord(row.device_id, row.generation, skills, row.reported_ms)
+
+
+#: A report as :meth:`StateTables.save_reports_many` takes it:
+#: ``(device_id, generation, skills, made_ms)``.
+ReportItem = tuple[str, int, Sequence[SkillStatusRecord], int]
+
+
+def _checked_report(
+    device_id: str, generation: int, skills: Sequence[SkillStatusRecord], now_ms: int
+) -> str:
+    """Check a report; its skills as stored (JSON text)."""
+    check.device_id(device_id)
+    check.counter(generation, "generation")
+    check.counter(now_ms, "now_ms")
+    return json.dumps([asdict(s) for s in check.statuses(skills)], sort_keys=True)
+
+
+def _apply_report(
+    dialect: Any,
+    conn: Connection,
+    device_id: str,
+    generation: int,
+    skills: Sequence[SkillStatusRecord],
+    encoded: str,
+    now_ms: int,
+) -> bool | None:
+    """Store one checked report in ``conn``'s transaction and log its skills' transitions.
+
+    Returns:
+        True when it replaced the stored report, False when it arrived late, None
+        when the device is not registered.
+    """
+    values = {"generation": generation, "skills": encoded, "reported_ms": now_ms}
+    stmt = (
+        dialect.insert(reported_states)
+        .values(device_id=device_id, **values)
+        .on_conflict_do_update(
+            index_elements=["device_id"],
+            set_=values,
+            where=(reported_states.c.generation < generation)
+            | (
+                (reported_states.c.generation == generation)
+                & (reported_states.c.reported_ms <= now_ms)
+            ),
+        )
+    )
+    # The previous report is read in the same transaction (the device's row locked
+    # on PostgreSQL), so each skill transition is logged once, with the report.
+    joined = devices.outerjoin(reported_states, reported_states.c.device_id == devices.c.device_id)
+    previous = (
+        select(devices.c.device_id, reported_states.c.skills)
+        .select_from(joined)
+        .where(devices.c.device_id == device_id)
+        .with_for_update(of=devices)
+    )
+    known = conn.execute(previous).first()
+    if known is None:
+        return None
+    if not conn.execute(stmt).rowcount:
+        return False
+    changes = skill_transitions(device_id, _previous(device_id, known.skills), skills)
+    if changes:
+        insert_events(conn, changes, at_ms=now_ms)
+    return True

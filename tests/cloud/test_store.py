@@ -339,6 +339,33 @@ def test_reports_round_trip_and_need_a_registered_device(store: Store) -> None:
     assert store.reported_for("cam-1").generation == 4  # type: ignore[union-attr]
 
 
+def test_many_reports_go_in_one_batch_in_order_and_late_or_unknown_ones_change_nothing(
+    store: Store,
+) -> None:
+    for device in ("cam-1", "cam-2"):
+        store.register_device(device, CAMERA, {}, now_ms=1)
+    running = [SkillStatusRecord("face", "2.0.0", "running", "", "2.0.0", "1.0.0")]
+    installing = [SkillStatusRecord("face", "2.0.0", "installing", "", "2.0.0", "1.0.0")]
+    results = store.save_reports_many(
+        [
+            ("cam-1", 3, installing, 50),
+            ("cam-1", 3, running, 60),  # the newer report of the same device, after it
+            ("cam-1", 3, installing, 55),  # redelivered late: older than what is stored
+            ("cam-2", 2, running, 40),
+            ("ghost", 1, running, 40),
+        ]
+    )
+    assert results == [True, True, False, True, False]
+    assert store.reported_for("cam-1").skills == tuple(running)  # type: ignore[union-attr]
+    assert store.reported_for("cam-2").generation == 2  # type: ignore[union-attr]
+    bad = ("cam-2", 9, [SkillStatusRecord("face", "1", "ok", "e" * 5000)], 70)
+    with pytest.raises(ValidationError):
+        store.check_report(bad)
+    with pytest.raises(ValidationError):
+        store.save_reports_many([("cam-2", 8, [], 70), bad])
+    assert store.reported_for("cam-2").generation == 2  # type: ignore[union-attr]
+
+
 # telemetry
 
 
