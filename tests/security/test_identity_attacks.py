@@ -8,6 +8,7 @@ mutual TLS on one port and server-only TLS for enrolment on another, exactly as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 from collections.abc import AsyncIterator
@@ -131,10 +132,16 @@ async def raw_status(port: int, creds: grpc.ChannelCredentials, method: str, bod
     async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds) as channel:
         try:
             if method == "Connect":
-                call = channel.stream_stream(f"{SERVICE}/Connect", ident, ident)(iter([body]))
-                async for _ in call:
-                    pass
-            elif method == "Fetch":
+                # Written by hand, not from an iterator: a server that refuses at once can
+                # end the call while grpc still feeds an iterator, which the client then
+                # reports as INTERNAL instead of the server's status.
+                stream = channel.stream_stream(f"{SERVICE}/Connect", ident, ident)()
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await stream.write(body)
+                    await stream.done_writing()
+                code = await stream.code()
+                return "OK" if code == grpc.StatusCode.OK else code.name
+            if method == "Fetch":
                 async for _ in channel.unary_stream(f"{SERVICE}/Fetch", ident, ident)(body):
                     pass
             else:
