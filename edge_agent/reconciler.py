@@ -174,11 +174,31 @@ class Reconciler:
                 if not self._fetching(a)
             ]
             if not actions:
+                self._settle(wanted)
                 if await self._await_a_fetch():
                     continue
                 return
             for action in actions:
                 await self._execute(action, installed.get(action.name), wanted)
+
+    def _settle(self, wanted: Desired | None) -> None:
+        """Say ``running`` for each skill that runs the version wanted now.
+
+        A skill whose new version was still downloading when the hub took it back
+        (a rollout rolled back) needs no action, so without this it would stay
+        ``installing`` a version nobody wants, and the hub would never hear that
+        the device is back where it should be.
+        """
+        for name, proc in self.running().items():
+            version = self._process_versions.get(name, "")
+            state = self.states.get(name)
+            want = _wanted_version(wanted, name, version)
+            if state is None or not version or version != want:
+                continue
+            if (state.version, state.state, state.desired_version) != (version, "running", want):
+                previous = state.previous_version if state.version == version else state.version
+                variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
+                self._set(SkillState(name, version, "running", "", want, previous, variant))
 
     def _fetching(self, action: Action) -> bool:
         task = self._fetches.get((action.name, getattr(action, "version", "")))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from edge_agent.reconciler import Reconciler
 from edge_agent.sandbox.launcher import make_launcher
 from protos import pb
 from skills.errors import FetchError, TrustError
+from tests.support import async_wait_until
 from tests.support.skillkit import LIBRARY, VariantFile, build_skill
 
 BROKEN = """
@@ -307,3 +309,39 @@ def test_a_refused_bundle_is_reported_as_a_security_event(
     asyncio.run(scenario())
     refused = [(k, r, s) for k, r, _d, s in events if k == "install-refused"]
     assert refused == ([(*event, "digits 2.0.0")] if event else [])
+
+
+def test_a_version_taken_back_while_it_downloads_leaves_the_running_one_reported_running(
+    tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    # A staged rollout rolled back while a canary device was still fetching the new
+    # version: nothing is left to do, but the report must say the device is back.
+    hub = Hub(bundles)
+    release = threading.Event()
+    served = hub.fetch
+
+    def slow_fetch(target: str) -> Path:
+        if target == "digits/2.0.0":
+            release.wait(30)
+        return served(target)
+
+    rec = make(tmp_path, hub)
+    rec.fetch_target = slow_fetch
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        upgrade = asyncio.create_task(rec.reconcile(desired(2, "2.0.0")))
+        await async_wait_until(lambda: state(rec) == ("1.0.0", "installing", "2.0.0"), 10, "fetch")
+        back = asyncio.create_task(rec.reconcile(desired(3, "1.0.0")))
+        await async_wait_until(
+            lambda: state(rec) == ("1.0.0", "running", "1.0.0"), 10, "reported running again"
+        )
+        release.set()
+        await upgrade
+        await back
+        await rec.reconcile(desired(3, "1.0.0"))
+        assert state(rec) == ("1.0.0", "running", "1.0.0")  # the late download changes nothing
+        assert rec.running()["digits"].alive
+        await rec.shutdown()
+
+    asyncio.run(scenario())
