@@ -96,10 +96,10 @@ def engine_events(
         known = state.presence.get(device)
         if known is None or known[1] != online:
             facts_out.append(DevicePresence(device, online, seen_ms))
-    for device, version, inferences, labelled, correct, p95_ms, at_ms in facts.kpis:
-        if not 0 <= correct <= labelled or inferences < 0:
+    for device, version, inferences, labelled, correct, errors, p95_ms, at_ms in facts.kpis:
+        if not 0 <= correct <= labelled or inferences < 0 or not 0 <= errors <= inferences:
             continue  # a device's own nonsense never stops the pass
-        window = KpiWindow(device, version, inferences, labelled, correct, 0, p95_ms, at_ms)
+        window = KpiWindow(device, version, inferences, labelled, correct, errors, p95_ms, at_ms)
         if state.kpis.get((device, version)) != window:
             facts_out.append(window)
     controls: list[Event] = [Command(kind, at) for kind, at in commands]

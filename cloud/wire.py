@@ -120,6 +120,7 @@ def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
         latency_p50_ms=msg.latency_p50_ms,
         latency_p99_ms=msg.latency_p99_ms,
         latency_p95_ms=msg.latency_p95_ms,
+        errors=msg.errors,
         window_start_ms=msg.window_start_ms,
         window_end_ms=msg.window_end_ms,
         dropped_messages=msg.dropped_messages,

@@ -30,7 +30,7 @@ from edge_agent.metrics import InferenceCounter, start_agent_metrics
 from edge_agent.outbox import Outbox, OutboxWriter
 from edge_agent.profile import DeviceProfile
 from edge_agent.reconciler import FetchTarget, Reconciler
-from edge_agent.sandbox import SkillProcess
+from edge_agent.sandbox import SkillItemError, SkillProcess
 from edge_agent.sandbox.launcher import SkillLauncher
 from edge_agent.security_events import SecurityEvents
 from edge_agent.transport import AgentTransport
@@ -454,6 +454,10 @@ class Agent:
             item, label = source.item(i)
             try:
                 result, ms = await asyncio.to_thread(proc.process, item)
+            except SkillItemError:  # the skill raised on this item and serves on
+                self.windows.setdefault(key, WindowStats(*key)).record_error()
+                await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
+                continue
             except AgentError as exc:
                 log.warning("skill %s stopped taking input: %s", key[0], exc)
                 return

@@ -57,7 +57,11 @@ class ReplaySource:
 
 @dataclass
 class WindowStats:
-    """Inference counters of one skill version over one telemetry window."""
+    """Inference counters of one skill version over one telemetry window.
+
+    ``inferences`` counts every item given to the skill, ``errors`` those it
+    raised on (so the error rate is ``errors / inferences``).
+    """
 
     skill: str
     version: str
@@ -66,6 +70,7 @@ class WindowStats:
     labelled: int = 0
     correct: int = 0
     events: int = 0
+    errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
 
     def record(self, result: Any, latency_ms: float, label: int | None) -> None:
@@ -75,6 +80,11 @@ class WindowStats:
         if label is not None and isinstance(result, dict) and "label" in result:
             self.labelled += 1
             self.correct += int(int(result["label"]) == label)
+
+    def record_error(self) -> None:
+        """Count one item the skill raised on: an inference that gave no answer."""
+        self.inferences += 1
+        self.errors += 1
 
     def add_events(self, count: int) -> None:
         """Count ``count`` events the skill emitted (``ctx.emit``) in this window."""
@@ -92,6 +102,7 @@ class WindowStats:
             latency_p50_ms=float(np.percentile(lat, 50)),
             latency_p99_ms=float(np.percentile(lat, 99)),
             latency_p95_ms=float(np.percentile(lat, 95)),
+            errors=self.errors,
             window_start_ms=self.started_ms,
             window_end_ms=now_ms(),
             dropped_messages=dropped,

@@ -159,7 +159,7 @@ class ReportedState(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., skills: _Optional[_Iterable[_Union[SkillStatus, _Mapping]]] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("skill", "version", "inferences", "labelled", "correct", "latency_p50_ms", "latency_p99_ms", "window_start_ms", "window_end_ms", "dropped_messages", "metrics", "latency_p95_ms")
+    __slots__ = ("skill", "version", "inferences", "labelled", "correct", "latency_p50_ms", "latency_p99_ms", "window_start_ms", "window_end_ms", "dropped_messages", "metrics", "latency_p95_ms", "errors")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class Telemetry(_message.Message):
     DROPPED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     skill: str
     version: str
     inferences: int
@@ -191,7 +192,8 @@ class Telemetry(_message.Message):
     dropped_messages: int
     metrics: _containers.ScalarMap[str, float]
     latency_p95_ms: float
-    def __init__(self, skill: _Optional[str] = ..., version: _Optional[str] = ..., inferences: _Optional[int] = ..., labelled: _Optional[int] = ..., correct: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., latency_p95_ms: _Optional[float] = ...) -> None: ...
+    errors: int
+    def __init__(self, skill: _Optional[str] = ..., version: _Optional[str] = ..., inferences: _Optional[int] = ..., labelled: _Optional[int] = ..., correct: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., latency_p95_ms: _Optional[float] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ids",)

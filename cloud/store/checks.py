@@ -139,12 +139,14 @@ def telemetry(record: TelemetryRecord) -> None:
     """Raises: ValidationError: a malformed or inconsistent telemetry window."""
     name(record.skill, "skill name")
     version(record.version)
-    for field_name in ("inferences", "labelled", "correct", "dropped_messages"):
+    for field_name in ("inferences", "labelled", "correct", "errors", "dropped_messages"):
         counter(getattr(record, field_name), field_name)
     for field_name in ("window_start_ms", "window_end_ms", "received_ms"):
         counter(getattr(record, field_name), field_name)
     if record.correct > record.labelled or record.labelled > record.inferences:
         raise ValidationError("telemetry needs correct <= labelled <= inferences")
+    if record.errors > record.inferences:
+        raise ValidationError("telemetry needs errors <= inferences")
     for field_name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
         if _finite(getattr(record, field_name), field_name) < 0:
             raise ValidationError(f"negative {field_name}")

@@ -148,6 +148,8 @@ class TelemetryRecord:
     device_id: str = ""
     #: 0 when the device did not say (agents older than the field).
     latency_p95_ms: float = 0.0
+    #: Items the skill raised on; counted in ``inferences`` too.
+    errors: int = 0
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ class RolloutFacts:
     ``targets``: each device the group selects, with ``(last_seen_ms,
     heartbeat_ms, connected)``. ``reports``: each target's report time and
     status of the skill (when it reported it). ``kpis``: ``(device, version,
-    inferences, labelled, correct, p95_ms, at_ms)`` totals of the skill's
+    inferences, labelled, correct, errors, p95_ms, at_ms)`` totals of the skill's
     telemetry. ``fleet_stop``: the switch and when it last changed.
     """
 
     targets: Mapping[str, tuple[int, int, bool]]
     reports: Mapping[str, tuple[int, SkillStatusRecord]]
-    kpis: tuple[tuple[str, str, int, int, int, float, int], ...]
+    kpis: tuple[tuple[str, str, int, int, int, int, float, int], ...]
     fleet_stop: tuple[bool, int]
 
 
@@ -75,7 +75,7 @@ def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | 
 
 def _kpis(
     conn: Connection, ids: Any, skill: str, since_ms: int
-) -> tuple[tuple[str, str, int, int, int, float, int], ...]:
+) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
     """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
 
     A window without a p95 (from an agent older than the field) counts with its p99.
@@ -88,6 +88,7 @@ def _kpis(
             func.sum(t.inferences),
             func.sum(t.labelled),
             func.sum(t.correct),
+            func.sum(t.errors),
             func.avg(case((t.latency_p95_ms > 0, t.latency_p95_ms), else_=t.latency_p99_ms)),
             func.max(t.received_ms),
         )
@@ -95,6 +96,15 @@ def _kpis(
         .group_by(t.device_id, t.version)
     )
     return tuple(
-        (r[0], r[1], int(r[2] or 0), int(r[3] or 0), int(r[4] or 0), float(r[5] or 0), int(r[6]))
+        (
+            r[0],
+            r[1],
+            int(r[2] or 0),
+            int(r[3] or 0),
+            int(r[4] or 0),
+            int(r[5] or 0),
+            float(r[6] or 0),
+            int(r[7]),
+        )
         for r in conn.execute(query)
     )

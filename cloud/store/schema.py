@@ -245,6 +245,7 @@ telemetry = Table(
     Column("latency_p50_ms", Float, nullable=False),
     Column("latency_p99_ms", Float, nullable=False),
     Column("latency_p95_ms", Float, nullable=False, server_default="0"),
+    Column("errors", BigInteger, nullable=False, server_default="0"),
     Column("window_start_ms", BigInteger, nullable=False),
     Column("window_end_ms", BigInteger, nullable=False),
     Column("dropped_messages", BigInteger, nullable=False),

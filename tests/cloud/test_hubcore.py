@@ -65,10 +65,12 @@ def test_bad_register_is_refused_and_stores_nothing(core: HubCore, env: pb.Envel
 def test_telemetry_is_acked_and_stored_once(core: HubCore) -> None:
     asyncio.run(core.register(register("cam-1")))
     env = telemetry("cam-1")
+    env.telemetry.errors, env.telemetry.latency_p95_ms = 2, 4.5
     for _ in range(3):  # redelivery after a lost ack
         (ack,) = asyncio.run(core.handle("cam-1", env))
         assert list(ack.ack.ids) == [env.id]
-    assert len(core.store.telemetry_for("cam-1")) == 1
+    (stored,) = core.store.telemetry_for("cam-1")
+    assert (stored.errors, stored.latency_p95_ms) == (2, 4.5)  # carried from the wire
 
 
 def test_heartbeats_are_written_together_and_the_last_batch_on_close(core: HubCore) -> None:

@@ -291,6 +291,7 @@ def test_an_ab_rollout_splits_the_group_and_compares_kpis(store: Store) -> None:
             clock.now,
             received_ms=0,
             latency_p95_ms=p95,
+            errors=4 if version == "3.0.0" else 0,
         )
         store.add_telemetry(f"{device}-1", device, record)
     step(loop, clock)
@@ -299,6 +300,9 @@ def test_an_ab_rollout_splits_the_group_and_compares_kpis(store: Store) -> None:
     # the gates compare p95s; a window without one counts with its p99
     assert {k: w.p95_ms for k, w in state.kpis.items()} == {
         (d, v): 5.0 if v == "3.0.0" else 9.0 for d, v in split.items()
+    }
+    assert {k: w.errors for k, w in state.kpis.items()} == {
+        (d, v): 4 if v == "3.0.0" else 0 for d, v in split.items()
     }
 
 

@@ -54,6 +54,7 @@ def window(**changes: Any) -> TelemetryRecord:
         "latency_p50_ms": 2.0,
         "latency_p99_ms": 9.0,
         "latency_p95_ms": 7.0,
+        "errors": 2,
         "window_start_ms": 0,
         "window_end_ms": 1000,
         "metrics": {"drift": 0.25},
@@ -381,6 +382,7 @@ def test_telemetry_is_idempotent_by_message_id(store: Store) -> None:
     assert stored[0].inferences == 10 and stored[0].device_id == "cam-1"
     assert stored[0].metrics == {"drift": 0.25}
     assert (stored[0].latency_p95_ms, stored[0].latency_p99_ms) == (7.0, 9.0)
+    assert stored[0].errors == 2
 
 
 def test_a_bad_item_rejects_the_whole_batch(store: Store) -> None:
@@ -388,6 +390,7 @@ def test_a_bad_item_rejects_the_whole_batch(store: Store) -> None:
         window(correct=5),  # more correct than labelled
         window(latency_p50_ms=float("nan")),
         window(latency_p95_ms=-1.0),
+        window(errors=11),  # more errors than inferences
         window(metrics={"bad key": 1.0}),
         window(inferences=-1),
         window(device_id="someone-else"),

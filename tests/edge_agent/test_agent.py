@@ -43,6 +43,7 @@ startup_timeout_s = 30.0
 
 [config]
 events_per_item = "0"
+fail_every = "0"
 """
 
 EMITTER_CODE = """
@@ -53,8 +54,13 @@ class EmitterSkill(Skill):
     def setup(self, ctx):
         self._ctx = ctx
         self._per_item = int(ctx.config["events_per_item"])
+        self._fail_every = int(ctx.config["fail_every"])
+        self._seen = 0
 
     def process(self, item):
+        self._seen += 1
+        if self._fail_every and self._seen % self._fail_every == 0:
+            raise ValueError("a bad frame")
         for i in range(self._per_item):
             self._ctx.emit({"kind": "seen", "n": i})
         return {"label": 0}
@@ -197,13 +203,15 @@ def test_nothing_is_sent_before_it_is_committed_and_only_the_hubs_ack_releases_i
 
 
 @pytest.mark.slow
-def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> None:
+def test_events_and_failed_items_of_a_skill_are_counted_in_its_telemetry(
+    tmp_path: Path,
+) -> None:
     src = tmp_path / "emitter-src"
     (src / "control").mkdir(parents=True)
     (src / "skill.toml").write_text(EMITTER_TOML)
     (src / "control" / "emitter_skill.py").write_text(EMITTER_CODE)
     bundle = build_skill(src, "1.0.0", [], tmp_path / "dist")
-    per_item, items = 3, 25
+    per_item, items, fail_every = 3, 25, 5
 
     config = _config(tmp_path)
     config.state_dir.mkdir(parents=True)
@@ -211,7 +219,7 @@ def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> No
         name="emitter",
         version="1.0.0",
         target_name="emitter/emitter-1.0.0.skill",
-        config={"events_per_item": str(per_item)},
+        config={"events_per_item": str(per_item), "fail_every": str(fail_every)},
     )
     desired = pb.DesiredState(generation=1, skills=[spec])
     # The instruction a signed desired state left behind on an earlier run.
@@ -240,8 +248,10 @@ def test_events_a_skill_emits_are_counted_in_its_telemetry(tmp_path: Path) -> No
     with Outbox(config.state_dir / "outbox.db") as box:
         windows = _telemetry([e.payload for e in box.pending(limit=1000)])
     assert {(t.skill, t.version) for t in windows} == {("emitter", "1.0.0")}
-    assert sum(t.inferences for t in windows) == items
-    assert sum(t.metrics["events"] for t in windows) == per_item * items
+    assert sum(t.inferences for t in windows) == items  # a failed item is an inference too
+    failed = items // fail_every
+    assert sum(t.errors for t in windows) == failed  # and the skill served on after each
+    assert sum(t.metrics["events"] for t in windows) == per_item * (items - failed)
 
 
 def test_only_the_directors_instructions_for_this_device_are_followed(tmp_path: Path) -> None:

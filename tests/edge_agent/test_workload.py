@@ -22,6 +22,10 @@ def test_window_counts_accuracy_and_latency_percentiles() -> None:
     assert msg.latency_p99_ms == pytest.approx(99.0, abs=1.0)
     assert msg.latency_p95_ms == pytest.approx(95.0, abs=1.0)
     assert msg.dropped_messages == 7 and msg.window_end_ms >= msg.window_start_ms
+    assert msg.errors == 0
+    w.record_error()
+    again = w.to_message()
+    assert (again.inferences, again.errors, again.labelled) == (102, 1, 100)
 
 
 def test_replay_source_reads_samples_and_labels(tmp_path: Path) -> None:
