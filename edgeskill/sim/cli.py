@@ -67,6 +67,10 @@ def sim(
         list[str] | None,
         typer.Option(metavar=_PER_VERSION, help="A version's median latency on x86-cpu, in ms."),
     ] = None,
+    errors: Annotated[
+        list[str] | None,
+        typer.Option(metavar="VERSION=RATE", help="Share of inputs a version raises on (0..1)."),
+    ] = None,
     boards: Annotated[
         str,
         typer.Option(metavar="BOARD=WEIGHT,...", help="The hardware mix from the profile table."),
@@ -133,6 +137,7 @@ def sim(
                 parse_version_values(fail_installs or (), "--fail-installs", low=0, high=1),
                 parse_version_values(accuracy or (), "--accuracy", low=0, high=1),
                 parse_version_values(latency_ms or (), "--latency-ms", low=0),
+                parse_version_values(errors or (), "--errors", low=0, high=1),
             ),
             boards=parse_board_mix(boards),
             disconnect_rate=disconnect_rate,

@@ -52,11 +52,13 @@ class VersionSpec:
         fail_rate: Share of devices whose install of this version fails its health check.
         accuracy: Chance that an answer on a labelled input is right.
         latency_ms: Median latency on an ``x86-cpu`` board; other boards scale it.
+        error_rate: Chance that the skill raises on an input (an item error).
     """
 
     fail_rate: float = 0.0
     accuracy: float = 0.9
     latency_ms: float = 10.0
+    error_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -230,17 +232,22 @@ def parse_board_mix(text: str) -> dict[str, float]:
 
 
 def version_specs(
-    fail: Mapping[str, float], accuracy: Mapping[str, float], latency: Mapping[str, float]
+    fail: Mapping[str, float],
+    accuracy: Mapping[str, float],
+    latency: Mapping[str, float],
+    errors: Mapping[str, float] | None = None,
 ) -> dict[str, VersionSpec]:
-    """The per-version behaviour from the three per-version options."""
+    """The per-version behaviour from the per-version options."""
     defaults = VersionSpec()
+    errors = errors or {}
     return {
         v: VersionSpec(
             fail.get(v, defaults.fail_rate),
             accuracy.get(v, defaults.accuracy),
             latency.get(v, defaults.latency_ms),
+            errors.get(v, defaults.error_rate),
         )
-        for v in sorted({*fail, *accuracy, *latency})
+        for v in sorted({*fail, *accuracy, *latency, *errors})
     }
 
 

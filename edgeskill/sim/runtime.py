@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.errors import HealthCheckError, SandboxError
+from edge_agent.sandbox import SkillItemError
 from edge_agent.workload import ReplaySource
 from edgeskill.sim.params import VersionSpec
 from skills.manifest import Manifest
@@ -182,10 +183,14 @@ class SimulatedSkillProcess:
         """Answer one input: its label with the version's accuracy, and a latency.
 
         Raises:
+            SkillItemError: the version's ``error_rate`` drew this input as one it
+                raises on (the process serves on).
             SandboxError: the simulated process crashed or was stopped.
         """
         if not self.alive:
             raise SandboxError(f"{self.manifest.name} {self.manifest.version}: simulated crash")
+        if self._spec.error_rate and self._rng.random() < self._spec.error_rate:
+            raise SkillItemError(f"{self.manifest.name} {self.manifest.version}: simulated error")
         truth = int(np.asarray(item["image"]).flat[0])
         correct = self._rng.random() < self._spec.accuracy
         label = truth if correct else (truth + 1 + self._rng.randrange(_CLASSES - 1)) % _CLASSES

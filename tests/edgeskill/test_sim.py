@@ -25,6 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge_agent.errors import HealthCheckError, SandboxError, TransportError
+from edge_agent.sandbox import SkillItemError
 from edgeskill.cli import app
 from edgeskill.sim.faults import FaultCounters, FaultyTransport
 from edgeskill.sim.params import (
@@ -34,6 +35,7 @@ from edgeskill.sim.params import (
     parse_board_mix,
     parse_version_values,
     plan_devices,
+    version_specs,
 )
 from edgeskill.sim.runtime import (
     BOARD_SPEED,
@@ -212,6 +214,23 @@ def test_simulated_skill_answers_with_the_versions_accuracy_and_the_boards_laten
     counted = stats.snapshot()["versions"]["2.0.0"]
     assert counted["inferences"] == 4000
     assert len(counted["latencies_ms"]) == 4000
+
+
+def test_simulated_skill_raises_on_the_versions_share_of_inputs_and_serves_on() -> None:
+    proc = SimulatedSkillProcess(
+        _manifest("2.0.0"), VersionSpec(error_rate=0.25), 1.0, SimStats(), random.Random(3)
+    )
+    raised = 0
+    source = synthetic_source(items=2000, seed=3)
+    for i in range(2000):
+        try:
+            proc.process(source.item(i)[0])
+        except SkillItemError:
+            raised += 1
+    assert abs(raised / 2000 - 0.25) < 0.04  # 4 standard deviations of 2000 draws
+    assert proc.alive
+    assert version_specs({}, {}, {}, {"2.0.0": 0.25})["2.0.0"].error_rate == 0.25
+    assert parse_version_values(["2.0.0=0.25"], "--errors", low=0, high=1) == {"2.0.0": 0.25}
 
 
 def test_simulated_skill_crashes_at_its_drawn_time_and_counts_it_once() -> None:
