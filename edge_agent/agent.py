@@ -456,15 +456,14 @@ class Agent:
                 result, ms = await asyncio.to_thread(proc.process, item)
             except SkillItemError:  # the skill raised on this item and serves on
                 self.windows.setdefault(key, WindowStats(*key)).record_error()
-                await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
-                continue
             except AgentError as exc:
                 log.warning("skill %s stopped taking input: %s", key[0], exc)
                 return
-            window = self.windows.setdefault(key, WindowStats(*key))
-            window.record(result, ms, label)
-            window.add_events(len(proc.drain_events()))
-            self.inference_counts.add(*key)
+            else:
+                window = self.windows.setdefault(key, WindowStats(*key))
+                window.record(result, ms, label)
+                window.add_events(len(proc.drain_events()))
+                self.inference_counts.add(*key)
             await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
 
     async def _telemetry_loop(self) -> None:

@@ -197,8 +197,7 @@ class Reconciler:
                 continue
             if (state.version, state.state, state.desired_version) != (version, "running", want):
                 previous = state.previous_version if state.version == version else state.version
-                variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
-                self._set(SkillState(name, version, "running", "", want, previous, variant))
+                self._set(SkillState(name, version, "running", "", want, previous, _variant(proc)))
 
     def _fetching(self, action: Action) -> bool:
         task = self._fetches.get((action.name, getattr(action, "version", "")))
@@ -324,8 +323,7 @@ class Reconciler:
         for note in getattr(proc, "limit_notes", ()):
             self.on_event("sandbox", "clamped", note, f"{name} {version}")
         if version == want:
-            variant = ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
-            self._set(SkillState(name, version, "running", "", want, previous, variant))
+            self._set(SkillState(name, version, "running", "", want, previous, _variant(proc)))
 
     async def _start(self, action: Start, want: str, previous: str) -> None:
         name, version = action.name, action.version
@@ -422,6 +420,11 @@ class Reconciler:
         """Version the agent reports as active for ``name``."""
         state = self.states.get(name)
         return state.version if state else ""
+
+
+def _variant(proc: SkillProcess) -> str:
+    """The model variants a running skill loaded, as its report shows them."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(proc.models.items()))
 
 
 def _death_kind(reason: str | None) -> str:

@@ -260,6 +260,16 @@ class DeploymentService:
         rollouts = self._rollouts([d.id for d in chosen])
         return [deployment_status(d, targets[d.group], rollouts.get(d.id)) for d in chosen]
 
+    def rollout(self, deployment_id: int) -> RolloutView | None:
+        """Where a deployment's rollout stands (None when it rolls out all at once).
+
+        Cheaper than :meth:`status`: the group's devices are not read.
+
+        Raises:
+            StoreError: The store failed or holds corrupt data.
+        """
+        return self._rollouts([deployment_id]).get(deployment_id)
+
     def _rollouts(self, ids: builtins.list[int]) -> dict[int, RolloutView]:
         now = self._clock()
         views = {}

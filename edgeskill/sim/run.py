@@ -331,7 +331,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         moved = count.running + count.failed >= len(run.views) > 0
         if not staged:
             return moved
-        rollout = run.service.deployments.status(dep.id)[0].rollout
+        rollout = run.service.deployments.rollout(dep.id)  # the views are read already
         if rollout is None:
             return False
         peak["moved"] = max(peak["moved"], rollout.admitted)

@@ -166,6 +166,8 @@ def test_a_canary_with_a_fifth_of_installs_failing_stops_at_its_gate_and_rolls_b
     status = rig.fleet.deployments.status(dep_id)[0]
     assert status.state == "aborted"
     assert status.rollout is not None and status.rollout.phase == "rolled_back"
+    assert rig.fleet.deployments.rollout(dep_id).phase == "rolled_back"  # type: ignore[union-attr]
+    assert rig.fleet.deployments.rollout(dep_id - 1) is None  # all at once
     old = rig.fleet.deployments.get(dep_id - 1)
     assert old.state == "active"
     log = [e.message for e in rig.fleet.events.recent(kind="deployment", limit=100)]
