@@ -1,15 +1,17 @@
 """The hub's broker connection: a paho client that reconnects on its own, bridged to asyncio.
 
-paho's network loop runs in its thread and reconnects with a capped backoff;
-each message is copied into an :class:`Incoming` there and handed to the asyncio
-loop with ``call_soon_threadsafe``. Subscriptions are (re)made on every
-connect, so a broker restart without persistence is survived too.
+paho runs on the asyncio loop (its socket watched with ``add_reader``), not in a
+network thread: under load a thread per client meant a wake-up and a GIL
+hand-over per message. A task reconnects with a capped backoff. Each message is
+copied into an :class:`Incoming`. Subscriptions are (re)made on every connect,
+so a broker restart without persistence is survived too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -28,12 +30,15 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from cloud.errors import TransportError
 from protos.errors import ProtocolError
+from protos.paho_loop import LeanClient, PahoLoop
 from protos.topics import MqttEndpoint
 
 __all__ = ["HubMqttClient", "Incoming", "clear_retained", "tls_context"]
 
 log = logging.getLogger(__name__)
 
+#: First and longest wait between connection attempts, in seconds.
+_RECONNECT_S = (1.0, 5.0)
 #: Hub sessions are short by default: Mosquitto keeps handing a share of the
 #: shared subscription to a dead hub's session until it expires.
 DEFAULT_HUB_SESSION_EXPIRY_S = 30
@@ -81,15 +86,12 @@ def tls_context(ep: MqttEndpoint) -> ssl.SSLContext:
     return ctx
 
 
-def _nodelay(client: mqtt.Client) -> None:
-    sock = client.socket()
-    if isinstance(sock, socket.socket):
-        # paho never sets it; Nagle stalls small replies by tens of milliseconds.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class HubMqttClient:
-    """One hub process's connection to the broker.
+    """One hub process's connection to the broker, driven from the asyncio event loop.
+
+    paho's socket is watched by the loop (:class:`protos.paho_loop.PahoLoop`), so
+    every callback runs on the loop and nothing crosses threads; a task reconnects
+    with a capped backoff when the connection ends.
 
     Args:
         endpoint: the parsed broker URL.
@@ -113,10 +115,11 @@ class HubMqttClient:
         self.endpoint = endpoint
         self._subs = list(subscriptions)
         self._on_message = on_message
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._subscribed = asyncio.Event()
         self.connected = False
         self._stopping = False
+        self._io: PahoLoop | None = None
+        self._runner: asyncio.Task[None] | None = None
         self.client_id = endpoint.client_id or (
             f"es-hub-{endpoint.prefix_tag()}-{socket.gethostname()[:32]}-{os.getpid()}"
         )
@@ -124,46 +127,36 @@ class HubMqttClient:
 
     def _make_client(self, max_packet: int, max_queued: int) -> mqtt.Client:
         ep = self.endpoint
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
+        client = LeanClient(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=mqtt.MQTTv5,
+            reconnect_on_failure=False,
         )
         if ep.username:
             client.username_pw_set(ep.username, ep.password)
         if ep.tls:
             client.tls_set_context(tls_context(ep))
-        client.reconnect_delay_set(1, 5)
         client.max_queued_messages_set(max_queued)
         props = Properties(PacketTypes.CONNECT)
         expiry = ep.session_expiry_s
         props.SessionExpiryInterval = DEFAULT_HUB_SESSION_EXPIRY_S if expiry is None else expiry
         props.MaximumPacketSize = max_packet
         self._connect_props = props
-        client.on_connect = self._paho_connect
-        client.on_disconnect = self._paho_disconnect
-        client.on_subscribe = lambda _c, _u, _mid, rcs, _p: self._post(self._subacked, rcs)
-        client.on_message = lambda _c, _u, msg: self._post(self._on_message, _incoming(msg))
+        # Callbacks fire only while the loop reads the socket (never during paho's connect
+        # on the worker thread), so they all run on the event loop.
+        client.on_connect = lambda _c, _u, _f, rc, _p: self._connacked(rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._set_connected(False, str(rc))
+        client.on_subscribe = lambda _c, _u, _mid, rcs, _p: self._subacked(rcs)
+        client.on_message = lambda _c, _u, msg: self._on_message(_incoming(msg))
         return client
 
-    def _post(self, fn: Callable[..., None], *args: object) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed under us
-                loop.call_soon_threadsafe(fn, *args)
-
-    def _paho_connect(
-        self, client: mqtt.Client, _u: object, _f: object, rc: ReasonCode, _p: object
-    ) -> None:
+    def _connacked(self, rc: ReasonCode) -> None:
         if rc.is_failure:
             log.warning("broker %s refused the hub: %s", self.endpoint.redacted(), rc)
             return
-        _nodelay(client)
-        client.subscribe(self._subs)
-        self._post(self._set_connected, True)
-
-    def _paho_disconnect(
-        self, _c: mqtt.Client, _u: object, _f: object, rc: ReasonCode, _p: object
-    ) -> None:
-        self._post(self._set_connected, False, str(rc))
+        self._client.subscribe(self._subs)
+        self._set_connected(True)
 
     def _set_connected(self, up: bool, why: str = "") -> None:
         if self.connected and not up and not self._stopping:
@@ -183,39 +176,75 @@ class HubMqttClient:
         Raises:
             TransportError: no connection and subscription within ``timeout_s``.
         """
-        self._loop = asyncio.get_running_loop()
-        ep = self.endpoint
-        self._client.connect_async(
-            ep.host, ep.port, 30, clean_start=False, properties=self._connect_props
-        )
-        self._client.loop_start()
+        self._runner = asyncio.create_task(self._stay_connected(timeout_s))
         try:
             async with asyncio.timeout(timeout_s):
                 await self._subscribed.wait()
         except TimeoutError as exc:
             await self.stop()
             raise TransportError(
-                f"the hub could not connect and subscribe to {ep.redacted()} in {timeout_s} s"
+                f"the hub could not connect and subscribe to {self.endpoint.redacted()} "
+                f"in {timeout_s} s"
             ) from exc
 
+    async def _stay_connected(self, connect_timeout_s: float) -> None:
+        ep, delay = self.endpoint, _RECONNECT_S[0]
+        connect = functools.partial(
+            self._client.connect,
+            ep.host,
+            ep.port,
+            30,
+            clean_start=False,
+            properties=self._connect_props,
+        )
+        while not self._stopping:
+            io = self._io = PahoLoop(self._client, ep.redacted(), TransportError)
+            try:
+                await io.connect(connect, connect_timeout_s)
+            except TransportError as exc:
+                log.debug("%s; trying again in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_S[1])
+                continue
+            delay = _RECONNECT_S[0]
+            io.watch()
+            await io.closed.wait()
+            self._set_connected(False, "connection closed")
+            if not self._stopping:
+                await asyncio.sleep(delay)
+
     def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, props: Properties | None = None
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        props: Properties | None = None,
+        qos: int = 1,
     ) -> bool:
-        """Queue a QoS 1 publish (sent after a reconnect if the broker is away).
+        """Queue a publish, QoS 1 unless told (sent after a reconnect if the broker is away).
 
         Returns:
             False when paho refused it (its queue is full).
         """
-        info = self._client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
         return info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
 
     async def stop(self) -> None:
-        """Disconnect and stop paho's thread (bounded wait)."""
+        """Say goodbye to the broker (bounded wait) and stop reconnecting."""
         self._stopping = True
-        self._client.disconnect()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
-                await asyncio.to_thread(self._client.loop_stop)
+        io = self._io
+        if io is not None and self.connected:
+            self._client.disconnect()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await io.closed.wait()
+        if io is not None:
+            io.close()
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
         self.connected = False
 
 

@@ -37,6 +37,8 @@ __all__ = ["MqttHubServer", "MqttServerSettings", "start_mqtt_server"]
 log = logging.getLogger(__name__)
 
 _PRESENCE = {STATUS_ONLINE: True, STATUS_OFFLINE: False}
+#: Replies whose loss the device repairs by sending again (its outbox keeps the message).
+_AT_MOST_ONCE = frozenset({"ack", "error"})
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,12 @@ class MqttHubServer:
     def _send(self, device: str, env: pb.Envelope) -> None:
         kind = kind_of(env)
         desired = kind in DESIRED_KINDS
+        # An ack or an error answers a message the device keeps until it is acked: a lost
+        # one costs a resend, which is deduplicated and acked again. At QoS 0 it skips
+        # the broker's PUBACK round and its bookkeeping on both sides.
+        qos = 0 if kind in _AT_MOST_ONCE else 1
         if not self.mqtt.publish(
-            self.topics.down(device, kind), encode_envelope(env), retain=desired
+            self.topics.down(device, kind), encode_envelope(env), retain=desired, qos=qos
         ):
             self.core.drop(DropReason.PUBLISH_FAILED, device)
             return

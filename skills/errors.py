@@ -23,3 +23,7 @@ class TrustError(SkillError):
 
 class FetchError(SkillError):
     """A file could not be fetched from the hub (network or hub side)."""
+
+
+class TensorCodecError(SkillError):
+    """A split-inference tensor payload is malformed, exceeds a cap, or cannot be encoded."""

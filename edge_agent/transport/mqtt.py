@@ -32,10 +32,10 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from edge_agent.errors import TransportError
 from edge_agent.transport.base import AgentTransport
 from edge_agent.transport.mqtt_fetch import MAX_CHUNK_BYTES, read_chunk, window_request
-from edge_agent.transport.paho_loop import PahoLoop
 from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
+from protos.paho_loop import LeanClient, PahoLoop
 from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint
 
 __all__ = ["MqttAgentTransport"]
@@ -125,7 +125,7 @@ class MqttAgentTransport(AgentTransport):
     def _make_client(self) -> mqtt.Client:
         ep = self._ep
         client_id = ep.client_id or f"es-{self._device_id}-{ep.prefix_tag()}"
-        client = mqtt.Client(
+        client = LeanClient(
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=mqtt.MQTTv5,
@@ -256,7 +256,7 @@ class MqttAgentTransport(AgentTransport):
             clean_start=False,
             properties=props,
         )
-        io = self._io = PahoLoop(client, self.url)
+        io = self._io = PahoLoop(client, self.url, TransportError)
         await io.connect(connect, self._connect_timeout_s + 1)
         self._install_callbacks(client)
         io.watch()

@@ -24,7 +24,7 @@ class HubProfile:
         self._out: Path | None = None
 
     def start(self, name: str, seconds: float) -> None:
-        """Sample the hub for ``seconds`` (all threads, idle time left out)."""
+        """Sample the hub for ``seconds``: the thread holding the GIL, idle time left out."""
         if self.program is None:
             print("py-spy is not installed; no profile")
             return
@@ -32,6 +32,7 @@ class HubProfile:
         self._out = self.folder / f"hub-profile-{name}.txt"
         argv = [self.program, "record", "--pid", str(self.pid), "--duration", str(int(seconds))]
         argv += ["--rate", "200", "--format", "raw", "--output", str(self._out), "--nonblocking"]
+        argv += ["--gil"]  # the thread holding the GIL: where Python time goes, not I/O waits
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def finish(self) -> None:

@@ -50,3 +50,12 @@ def digits_onnx(
 ) -> Path:
     model, _ = trained
     return export_onnx(model, digits.test.x[:4], tmp_path_factory.mktemp("onnx") / "digits.onnx")
+
+
+@pytest.fixture(scope="session")
+def efficientnet_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """EfficientNet-Lite0 exported once per session (about 10 s)."""
+    from converters.efficientnet import export_efficientnet_lite0  # noqa: PLC0415
+
+    with one_thread():
+        return export_efficientnet_lite0(tmp_path_factory.mktemp("efficientnet"))
