@@ -234,34 +234,52 @@ class FetchChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class TensorProto(_message.Message):
-    __slots__ = ("dtype", "shape", "data")
+    __slots__ = ("dtype", "shape", "data", "name", "scale", "zero_point")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    ZERO_POINT_FIELD_NUMBER: _ClassVar[int]
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    name: str
+    scale: float
+    zero_point: int
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., name: _Optional[str] = ..., scale: _Optional[float] = ..., zero_point: _Optional[int] = ...) -> None: ...
 
 class InferRequest(_message.Message):
-    __slots__ = ("device_id", "model", "split", "inputs")
+    __slots__ = ("device_id", "model", "split", "inputs", "skill", "version", "request_id", "deadline_ms")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     model: str
     split: str
     inputs: _containers.RepeatedCompositeFieldContainer[TensorProto]
-    def __init__(self, device_id: _Optional[str] = ..., model: _Optional[str] = ..., split: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorProto, _Mapping]]] = ...) -> None: ...
+    skill: str
+    version: str
+    request_id: str
+    deadline_ms: int
+    def __init__(self, device_id: _Optional[str] = ..., model: _Optional[str] = ..., split: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorProto, _Mapping]]] = ..., skill: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("outputs", "hub_ms")
+    __slots__ = ("outputs", "hub_ms", "queue_ms", "request_id")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     HUB_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[TensorProto]
     hub_ms: float
-    def __init__(self, outputs: _Optional[_Iterable[_Union[TensorProto, _Mapping]]] = ..., hub_ms: _Optional[float] = ...) -> None: ...
+    queue_ms: float
+    request_id: str
+    def __init__(self, outputs: _Optional[_Iterable[_Union[TensorProto, _Mapping]]] = ..., hub_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EnrollRequest(_message.Message):
     __slots__ = ("claim_token", "csr_pem")
