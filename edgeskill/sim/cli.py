@@ -46,7 +46,7 @@ def sim(
         list[str] | None,
         typer.Option(
             metavar="VERSION",
-            help="Deploy this version (1.0.0 to 5.0.0) and wait; repeat for more. The first "
+            help="Deploy this version (1.0.0 to 6.0.0) and wait; repeat for more. The first "
             "goes all at once, the others by --strategy/--plan.",
         ),
     ] = None,

@@ -31,7 +31,7 @@ __all__ = [
 
 #: The versions of the simulated skill the hub publishes (several, so one run can try a
 #: bad build, a less accurate model, a slower one and a good one against one baseline).
-SKILL_VERSIONS = ("1.0.0", "2.0.0", "3.0.0", "4.0.0", "5.0.0")
+SKILL_VERSIONS = ("1.0.0", "2.0.0", "3.0.0", "4.0.0", "5.0.0", "6.0.0")
 #: The default hardware mix: x86 gateways, ARM cameras, Jetsons and Raspberry Pis.
 DEFAULT_BOARDS: Mapping[str, float] = {"x86-cpu": 0.4, "arm-cpu": 0.3, "jetson": 0.2, "rpi": 0.1}
 TRANSPORTS = ("grpc", "mqtt")

@@ -82,6 +82,7 @@ class VersionKpis:
 
     inferences: int = 0
     correct: int = 0
+    errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
 
 
@@ -93,6 +94,7 @@ def merge_versions(statuses: Iterable[Mapping[str, Any]]) -> dict[str, VersionKp
             kpis = merged.setdefault(version, VersionKpis())
             kpis.inferences += int(data["inferences"])
             kpis.correct += int(data["correct"])
+            kpis.errors += int(data.get("errors", 0))
             kpis.latencies_ms.extend(float(x) for x in data["latencies_ms"])
     return merged
 
@@ -108,6 +110,8 @@ class VersionSummary:
     #: rolled-back version keeps the failures that stopped it), or at the end.
     failed_installs: int
     inferences: int
+    #: Inputs the version raised on (the devices' own count).
+    errors: int
     accuracy: float | None
     latency_p50_ms: float | None
     latency_p99_ms: float | None
@@ -203,6 +207,7 @@ def summary_table(s: RunSummary) -> Table:
         "running",
         "failed installs",
         "inferences",
+        "errors",
         "accuracy",
         "p50 latency",
         "p99 latency",
@@ -223,6 +228,7 @@ def summary_table(s: RunSummary) -> Table:
             str(v.devices_running),
             str(v.failed_installs),
             str(v.inferences),
+            str(v.errors),
             _num(v.accuracy, ".3f"),
             _num(v.latency_p50_ms, ".1f", " ms"),
             _num(v.latency_p99_ms, ".1f", " ms"),

@@ -388,6 +388,7 @@ def _summary(
                 devices_running=c.running,
                 failed_installs=max(c.failed, d.failed_seen if d else 0),
                 inferences=k.inferences if k else 0,
+                errors=k.errors if k else 0,
                 accuracy=k.correct / k.inferences if k and k.inferences else None,
                 latency_p50_ms=percentile(k.latencies_ms, 50) if k else None,
                 latency_p99_ms=percentile(k.latencies_ms, 99) if k else None,

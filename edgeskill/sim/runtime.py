@@ -70,6 +70,7 @@ class VersionStats:
 
     inferences: int = 0
     correct: int = 0
+    errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
 
     def add(self, correct: bool, latency_ms: float, rng: random.Random) -> None:
@@ -100,6 +101,11 @@ class SimStats:
         with self._lock:
             self.versions.setdefault(version, VersionStats()).add(correct, latency_ms, self._rng)
 
+    def error(self, version: str) -> None:
+        """Count one input ``version`` raised on."""
+        with self._lock:
+            self.versions.setdefault(version, VersionStats()).errors += 1
+
     def count(self, what: str) -> None:
         """Add one to ``starts``, ``failed_health_checks`` or ``crashes``."""
         with self._lock:
@@ -116,6 +122,7 @@ class SimStats:
                     v: {
                         "inferences": s.inferences,
                         "correct": s.correct,
+                        "errors": s.errors,
                         "latencies_ms": [round(x, 3) for x in s.latencies_ms] if latencies else [],
                     }
                     for v, s in self.versions.items()
@@ -190,6 +197,7 @@ class SimulatedSkillProcess:
         if not self.alive:
             raise SandboxError(f"{self.manifest.name} {self.manifest.version}: simulated crash")
         if self._spec.error_rate and self._rng.random() < self._spec.error_rate:
+            self._stats.error(self.manifest.version)
             raise SkillItemError(f"{self.manifest.name} {self.manifest.version}: simulated error")
         truth = int(np.asarray(item["image"]).flat[0])
         correct = self._rng.random() < self._spec.accuracy

@@ -118,6 +118,7 @@ install_failure = { max = "5%", min_samples = 40 }
 health = "10%"
 accuracy_drop = { max = 2.5, min_samples = 2000 }
 p95_ratio = { max = 1.5, min_samples = 500 }
+error_rate = { max = 5.0, min_samples = 500 }
 """
 
 
@@ -125,15 +126,16 @@ p95_ratio = { max = 1.5, min_samples = 500 }
 def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good_one(
     tmp_path: Path,
 ) -> None:
-    # One fleet, five versions against the same baseline: a bad build (20% of installs
-    # fail), a model 5 points less accurate, one twice as slow, then a good one with 1%
-    # of installs failing. Boards are all alike, so latency compares like with like.
+    # One fleet, six versions against the same baseline: a bad build (20% of installs
+    # fail), a model 5 points less accurate, one twice as slow, one that raises on 20% of
+    # its inputs, then a good one with 1% of installs failing. Boards are all alike, so
+    # latency compares like with like.
     out = tmp_path / "summary.json"
     args = ["--devices", "200", "--procs", "2", "--insecure", "--boards", "x86-cpu=1"]
-    for version in ("1.0.0", "2.0.0", "3.0.0", "4.0.0", "5.0.0"):
+    for version in ("1.0.0", "2.0.0", "3.0.0", "4.0.0", "5.0.0", "6.0.0"):
         args += ["--deploy", version]
-    args += ["--fail-installs", "2.0.0=0.2,5.0.0=0.01"]
-    args += ["--accuracy", "1.0.0=0.9,2.0.0=0.9,3.0.0=0.85,4.0.0=0.9,5.0.0=0.9"]
+    args += ["--fail-installs", "2.0.0=0.2,6.0.0=0.01", "--errors", "5.0.0=0.2"]
+    args += ["--accuracy", "1.0.0=0.9,2.0.0=0.9,3.0.0=0.85,4.0.0=0.9,5.0.0=0.9,6.0.0=0.9"]
     args += ["--latency-ms", "4.0.0=20", "--rate", "10", "--strategy", "canary"]
     args += ["--plan", GATED_PLAN, "--json", str(out)]
     result = _sim(tmp_path, *args, timeout=600)
@@ -141,16 +143,18 @@ def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good
     rows = _rows(json.loads(out.read_text(encoding="utf-8")))
     ended = {v: (rows[v]["outcome"], rows[v]["outcome_reason"]) for v in rows}
     assert ended["1.0.0"] == ("completed", "")
-    for version, gate in (("2.0.0", "install failures"), ("3.0.0", "accuracy"), ("4.0.0", "p95")):
+    bad = [("2.0.0", "install failures"), ("3.0.0", "accuracy"), ("4.0.0", "p95")]
+    for version, gate in [*bad, ("5.0.0", "error rate")]:
         outcome, reason = ended[version]
         assert outcome == "rolled_back", (version, reason)
         assert gate in reason, (version, reason)
         # stopped at the canary: its 40 devices moved, and every one came back
         assert (rows[version]["moved"], rows[version]["devices_running"]) == (40, 0)
     assert rows["2.0.0"]["failed_installs"] > 2  # the gate saw the failures, no more waves
-    assert (ended["5.0.0"][0], rows["5.0.0"]["moved"]) == ("completed", 200)
-    assert (rows["5.0.0"]["devices_running"], rows["5.0.0"]["failed_installs"]) == (198, 2)
-    assert rows["1.0.0"]["devices_running"] == 2  # the two whose install of 5.0.0 failed
+    assert rows["5.0.0"]["errors"] > 0 and rows["1.0.0"]["errors"] == 0
+    assert (ended["6.0.0"][0], rows["6.0.0"]["moved"]) == ("completed", 200)
+    assert (rows["6.0.0"]["devices_running"], rows["6.0.0"]["failed_installs"]) == (198, 2)
+    assert rows["1.0.0"]["devices_running"] == 2  # the two whose install of 6.0.0 failed
     assert "3.0.0: rolled_back after moving 40 device(s): gate failed: accuracy" in result.stdout
 
 
