@@ -47,8 +47,8 @@ class MqttServerSettings:
 
     # Each device's messages go to one worker (order per device); the workers' concurrent
     # telemetry is what the hub's group commit batches, so more workers, bigger batches.
-    workers: int = 256
-    queue_per_worker: int = 1000
+    workers: int = 1024
+    queue_per_worker: int = 256
     max_fetch_window: int = MAX_WINDOW
     max_fetches: int = 32
     #: Largest packet the broker may hand the hub; bigger ones are dropped by the broker.

@@ -78,7 +78,9 @@ class _Lane(Generic[ItemT]):
     """Everything bound to one event loop (asyncio primitives cannot change loops)."""
 
     loop: asyncio.AbstractEventLoop
-    room: asyncio.Semaphore
+    #: Submitters waiting for their batch to commit, and set while that is under the cap.
+    inflight: int = 0
+    room: asyncio.Event = field(default_factory=asyncio.Event)
     queue: list[_Waiting[ItemT]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     full: asyncio.Event = field(default_factory=asyncio.Event)
@@ -142,15 +144,24 @@ class GroupCommit(Generic[ItemT]):
         if self._closed:
             raise BatcherClosedError(f"the {self.name} batcher is closed")
         lane = self._lane_for_running_loop()
-        async with lane.room:
-            if self._closed:
-                raise BatcherClosedError(f"the {self.name} batcher is closed")
+        # A counter and an event rather than a semaphore: this runs for every message,
+        # and the semaphore's bookkeeping was a visible share of the hub's ingest.
+        while lane.inflight >= self.settings.max_waiting:
+            lane.room.clear()
+            await lane.room.wait()
+        if self._closed:
+            raise BatcherClosedError(f"the {self.name} batcher is closed")
+        lane.inflight += 1
+        try:
             future: asyncio.Future[bool] = lane.loop.create_future()
             lane.queue.append(_Waiting(item, future, time.monotonic()))
             lane.ready.set()
             if len(lane.queue) >= self.settings.max_items:
                 lane.full.set()
             return await future
+        finally:
+            lane.inflight -= 1
+            lane.room.set()
 
     async def close(self) -> None:
         """Write what is waiting, then stop; later submissions are refused.
@@ -172,7 +183,7 @@ class GroupCommit(Generic[ItemT]):
         loop = asyncio.get_running_loop()
         lane = self._lane
         if lane is None or lane.loop is not loop or lane.task is None or lane.task.done():
-            lane = _Lane(loop, asyncio.Semaphore(self.settings.max_waiting))
+            lane = _Lane(loop)
             lane.task = loop.create_task(self._flush_forever(lane), name=f"{self.name}-batcher")
             self._lane = lane
         return lane

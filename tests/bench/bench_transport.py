@@ -102,6 +102,7 @@ class Workers:
     def __init__(self, kids: Children, spec: dict[str, Any], ids: list[str], procs: int) -> None:
         shares = [ids[i::procs] for i in range(procs)]
         self.conns = kids.start([("devices", ({**spec, "ids": share},)) for share in shares])
+        self.pids = [proc.pid for proc in kids.procs[-procs:]]
 
     def ask(self, command: str, **kwargs: Any) -> list[Any]:
         for conn in self.conns:
@@ -113,41 +114,92 @@ class Workers:
 
 
 def _ingest(
-    workers: Workers, args: argparse.Namespace, drain_s: float
-) -> tuple[float, dict[str, int]]:
+    workers: Workers, args: argparse.Namespace, drain_s: float, others: dict[str, int]
+) -> tuple[float, dict[str, Any]]:
+    """Run the ingest phase; also the CPU each process spent per message acked in it.
+
+    ``others`` names the processes besides the load generators to account for
+    (the broker, the raw subscriber or bare server, the hub): on a machine whose
+    cores all of them share, this says where the time goes.
+    """
+    pids = {**others, "load generators": workers.pids}
+    before = {name: _cpu(p) for name, p in pids.items()}
     start_at = time.monotonic() + 1.0
     found = workers.ask(
         "ingest", start_at=start_at, seconds=args.seconds, window=args.window, drain_s=drain_s
     )
-    totals = {k: sum(f[k] for f in found) for k in ("sent", "acked", "acked_in_phase")}
+    totals: dict[str, Any] = {
+        k: sum(f[k] for f in found) for k in ("sent", "acked", "acked_in_phase")
+    }
+    acked = max(1, totals["acked"])
+    totals["cpu_us_per_msg"] = {
+        name: round((_cpu(p) - before[name]) / acked * 1e6) for name, p in pids.items()
+    }
     return start_at, totals
+
+
+def _cpu(pids: int | list[int]) -> float:
+    return sum(cpu_seconds(p) for p in ([pids] if isinstance(pids, int) else pids))
+
+
+def broker_pid(port: int) -> int | None:
+    """The pid of the Mosquitto listening on ``port``, found by its command line (read only)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"mosquitto"):
+            text = _read_or_empty(next((a for a in argv if a.endswith(b".conf")), b""))
+            if f"listener {port}".encode() in text or f"port {port}".encode() in text:
+                return int(proc.name)
+    return None
+
+
+def _read_or_empty(path: bytes) -> bytes:
+    try:
+        return Path(path.decode()).read_bytes()
+    except (OSError, UnicodeDecodeError):
+        return b""
 
 
 def raw_mqtt(kids: Children, args: argparse.Namespace, url: str, prefix: str) -> dict[str, Any]:
     host, port = mqtt_host_port()
     (ours,) = kids.start([("raw-subscriber", (host, port, f"{prefix}/raw/#"))])
+    others = {"subscriber": kids.procs[-1].pid, **_broker(port)}
     assert ours.recv() == "ready"
     ids = [f"rm-{i:05d}" for i in range(args.devices)]
     workers = Workers(kids, {"transport": "mqtt", "mode": "raw", "target": url}, ids, args.procs)
     try:
         workers.ask("connect")
-        start_at, totals = _ingest(workers, args, drain_s=2.0)
+        start_at, totals = _ingest(workers, args, drain_s=2.0, others=others)
         ours.send((start_at, start_at + args.seconds))
         arrived, arrived_all = ours.recv()
     finally:
         workers.close()
         ours.send(None)
-    return {"msgs_per_s": arrived / args.seconds, "sent": totals["sent"], "arrived": arrived_all}
+    return {
+        "msgs_per_s": arrived / args.seconds,
+        "sent": totals["sent"],
+        "arrived": arrived_all,
+        "cpu_us_per_msg": totals["cpu_us_per_msg"],
+    }
+
+
+def _broker(port: int) -> dict[str, int]:
+    pid = broker_pid(port)
+    return {} if pid is None else {"broker": pid}
 
 
 def raw_grpc(kids: Children, args: argparse.Namespace) -> dict[str, Any]:
     (ours,) = kids.start([("bare-grpc", ())])
+    others = {"bare server": kids.procs[-1].pid}
     target = f"127.0.0.1:{ours.recv()}"
     ids = [f"rg-{i:05d}" for i in range(args.devices)]
     workers = Workers(kids, {"transport": "grpc", "mode": "raw", "target": target}, ids, args.procs)
     try:
         workers.ask("connect")
-        _, totals = _ingest(workers, args, drain_s=2.0)
+        _, totals = _ingest(workers, args, drain_s=2.0, others=others)
     finally:
         workers.close()
         ours.send(None)
@@ -155,6 +207,7 @@ def raw_grpc(kids: Children, args: argparse.Namespace) -> dict[str, Any]:
         "msgs_per_s": totals["acked_in_phase"] / args.seconds,
         "sent": totals["sent"],
         "arrived": totals["acked"],
+        "cpu_us_per_msg": totals["cpu_us_per_msg"],
     }
 
 
@@ -179,7 +232,8 @@ def hub_transport(
         if profile is not None:
             profile.start(name, args.seconds + 1.0)
         cpu_before = cpu_seconds(hub_pid)
-        _, totals = _ingest(workers, args, drain_s=15.0)
+        others = {"hub": hub_pid, **(_broker(mqtt_host_port()[1]) if name == "mqtt" else {})}
+        _, totals = _ingest(workers, args, drain_s=15.0, others=others)
         hub_cpu = (cpu_seconds(hub_pid) - cpu_before) / args.seconds
         if profile is not None:
             profile.finish()
@@ -197,6 +251,7 @@ def hub_transport(
         "acked": len(latencies) + totals["acked"],
         "prefix": f"{name[0]}-",
         "hub_cpu": hub_cpu,
+        "cpu_us_per_msg": totals["cpu_us_per_msg"],
     }
 
 
@@ -266,6 +321,9 @@ def row(
         "hub_cpu_cores": round(hub["hub_cpu"], 2),
         "raw_sent": raw["sent"],
         "raw_arrived": raw["arrived"],
+        # CPU per message acked, by process: where each phase's time went.
+        "raw_cpu_us_per_msg": raw["cpu_us_per_msg"],
+        "hub_cpu_us_per_msg": hub["cpu_us_per_msg"],
     }
 
 
@@ -322,6 +380,14 @@ def print_table(rows: list[dict[str, Any]], devices: int) -> None:
     for r in rows:
         table.add_row(*(_cell(r[key]) for key in columns.values()))
     console.print(table)
+    cpu = Table(title="CPU µs per message acked, by process (all share the same cores)")
+    for title in ("transport", "phase", "process", "µs/msg"):
+        cpu.add_column(title, justify="left" if title != "µs/msg" else "right")
+    for r in rows:
+        for phase in ("raw", "hub"):
+            for process, us in r[f"{phase}_cpu_us_per_msg"].items():
+                cpu.add_row(r["transport"], phase, process, str(us))
+    console.print(cpu)
 
 
 def _cell(value: object) -> str:

@@ -34,6 +34,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
+from protos.paho_loop import LeanClient, PahoLoop
 from protos.topics import MqttEndpoint
 
 CONNECT_LIMIT = 100
@@ -90,14 +91,15 @@ class MqttDevices:
 
     def _client(self, device_id: str) -> mqtt.Client:
         loop = asyncio.get_running_loop()
-        client = mqtt.Client(
+        # The agent's own client class, in both the raw and the hub phase.
+        client = LeanClient(
             CallbackAPIVersion.VERSION2, client_id=f"bench-{device_id}", protocol=mqtt.MQTTv5
         )
         misc: list[asyncio.Task[None]] = []
 
-        def opened(c: mqtt.Client, _u: object, sock: Any) -> None:
+        def opened(c: LeanClient, _u: object, sock: Any) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            loop.add_reader(sock, c.loop_read)
+            loop.add_reader(sock, _read_all, c)
             misc.append(loop.create_task(_misc_loop(c)))
 
         def closed(_c: mqtt.Client, _u: object, sock: Any) -> None:
@@ -119,7 +121,8 @@ class MqttDevices:
         return client
 
     def _on_message(self, device_id: str, payload: bytes) -> None:
-        env = decode_envelope(payload)
+        # The hub's own acks: parsed, not validated, to keep the load generator cheap.
+        env = pb.Envelope.FromString(payload)
         if kind_of(env) == "welcome" and not self.ready[device_id].done():
             self.ready[device_id].set_result(None)
         elif kind_of(env) == "ack":
@@ -154,6 +157,13 @@ class MqttDevices:
         for client in self.clients.values():
             client.disconnect()
         await asyncio.sleep(0.2)  # let the DISCONNECT packets leave
+
+
+def _read_all(client: LeanClient) -> None:
+    """Read the socket, then every whole packet the client's buffer still holds."""
+    client.loop_read()
+    while client.buffered() and client.socket() is not None:
+        client.loop_read()
 
 
 async def _misc_loop(client: mqtt.Client) -> None:
@@ -319,31 +329,37 @@ def devices_main(conn: Connection, spec: dict[str, Any]) -> None:
 def raw_subscriber_main(conn: Connection, host: str, port: int, topic_filter: str) -> None:
     """One MQTT subscriber (QoS 1) that counts arrivals; answers ``(start, end)`` with counts.
 
-    Sends ``"ready"`` once subscribed; then each ``(start_at, end)`` it receives is
-    answered with ``(arrived in that span, arrived in all)``; ``None`` ends it.
+    It reads with the same client and event-loop driving as the hub (LeanClient on
+    :class:`protos.paho_loop.PahoLoop`), so the baseline is not held back by a slower
+    subscriber than the hub's. Sends ``"ready"`` once subscribed; then each
+    ``(start_at, end)`` it receives is answered with ``(arrived in that span, arrived
+    in all)``; ``None`` ends it.
     """
+    asyncio.run(_raw_subscriber(conn, host, port, topic_filter))
+
+
+async def _raw_subscriber(conn: Connection, host: str, port: int, topic_filter: str) -> None:
+    loop = asyncio.get_running_loop()
     times: list[float] = []
-    subscribed = [False]
-    client = mqtt.Client(
+    subscribed = loop.create_future()
+    client = LeanClient(
         CallbackAPIVersion.VERSION2, client_id=f"bench-raw-sub-{port}", protocol=mqtt.MQTTv5
     )
+    io = PahoLoop(client, f"{host}:{port}")
+    await io.connect(lambda: client.connect(host, port, 60), 10.0)
     client.on_message = lambda _c, _u, _m: times.append(time.monotonic())
-    client.on_subscribe = lambda *_a: subscribed.__setitem__(0, True)
+    client.on_subscribe = lambda *_a: subscribed.done() or subscribed.set_result(None)
     client.on_connect = lambda c, *_a: c.subscribe(topic_filter, qos=1)
-    client.connect(host, port, 60)
-    client.loop_start()
-    sock = client.socket()
-    if isinstance(sock, socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    deadline = time.monotonic() + 10
-    while not subscribed[0] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    io.watch()
+    await asyncio.wait_for(subscribed, 10)
     conn.send("ready")
-    while (span := conn.recv()) is not None:
+    while (span := await loop.run_in_executor(None, conn.recv)) is not None:
         start_at, end = span
         conn.send((sum(1 for t in list(times) if start_at <= t < end), len(times)))
     client.disconnect()
-    client.loop_stop()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(io.closed.wait(), 2)
+    io.close()
 
 
 async def _bare_connect(
