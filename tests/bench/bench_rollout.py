@@ -18,7 +18,8 @@ deployment is made. Measured on the upgrade:
 
 The reference is the pace of Greengrass v2's fastest rollout (1,000 devices a
 minute, its ``maximumPerMinute`` cap): ``vs_greengrass`` is that time over
-ours. It prints a table and writes ``tests/bench/results/rollout.json``.
+ours. It prints a table and adds its rows to ``tests/bench/results/rollout.json``
+(one row per transport and fleet size; a rerun replaces its own).
 """
 
 from __future__ import annotations
@@ -85,6 +86,21 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
     }
 
 
+def merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows already written, with this run's replacing those of the same transport and size.
+
+    Each fleet size is a run of its own (a 10,000-device run takes many minutes), so
+    the file keeps one row per transport and size, largest fleets last.
+    """
+    try:
+        old = json.loads(RESULTS.read_text(encoding="utf-8")).get("rows", [])
+    except (OSError, ValueError, AttributeError):
+        old = []
+    ours = {(r["transport"], r["devices"]) for r in rows}
+    kept = [r for r in old if (r.get("transport"), r.get("devices")) not in ours]
+    return sorted([*kept, *rows], key=lambda r: (r["devices"], r["transport"]))
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 2)
 
@@ -125,7 +141,7 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps({"meta": meta, "rows": merged(rows)}, indent=2) + "\n")
     keys = ["converge_s", "p50_active_s", "p99_active_s", "hub_cpu_s"]
     title = f"rollout to {args.devices} devices, one 2-core hub"
     picture = plot_bars(rows, "transport", keys, RESULTS.with_suffix(".png"), title)
