@@ -30,9 +30,11 @@ from cloud.errors import (
 from cloud.grpc_tls import RevocationList, ServerTls, peer_common_name, peer_serial
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.session import DeviceSession, DropReason
+from cloud.tail_serving import TailRefusedError
 from protos import pb
 from protos.fetch import GRPC_STATUS_NAMES
 from protos.limits import MAX_ENVELOPE_BYTES
+from protos.topics import INFER_ERROR_CODES
 
 __all__ = [
     "HubServicer",
@@ -188,12 +190,20 @@ class HubServicer:
     async def InferTail(
         self, request: pb.InferRequest, context: grpc.aio.ServicerContext
     ) -> pb.InferResponse:
-        """Split inference is not served by this hub yet (only enrolled devices learn that)."""
-        await self._identity(context)
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "split inference is not enabled on this hub"
-        )
-        raise AssertionError("unreachable")
+        """Run the tail of a split model (or a joint pair's big model) for the calling device.
+
+        The device is the certificate's (the request's ``device_id`` only without TLS);
+        a refusal is the status its wire code names (:data:`INFER_ERROR_CODES`), and the
+        call's own deadline bounds the work.
+        """
+        session = await self._session(context)
+        remaining = context.time_remaining()
+        try:
+            return await session.infer(request, deadline_s=remaining)
+        except TailRefusedError as exc:
+            status = getattr(grpc.StatusCode, INFER_ERROR_CODES[exc.code])
+            await context.abort(status, exc.message)
+        raise AssertionError("unreachable")  # abort raises
 
     async def Enroll(
         self, request: pb.EnrollRequest, context: grpc.aio.ServicerContext

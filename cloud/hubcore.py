@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
-from cloud.errors import HubError, ValidationError
+from cloud.errors import HubError, NotFoundError, ValidationError
 from cloud.fetch_serving import fetch_error_code, open_repository_file
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
@@ -30,6 +30,7 @@ from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envel
 from cloud.store import Store
 from cloud.store.events import EVENT_DEVICE, EVENT_SECURITY, NewEvent
 from cloud.store.state import ReportItem
+from cloud.tail_serving import TailRefusedError, TailServer, TailSettings
 from cloud.telemetry_batcher import BatcherSettings, GroupCommit, TelemetryBatcher
 from cloud.wire import (
     desired_envelope,
@@ -110,6 +111,7 @@ class HubCore:
             agents follow only when they run insecure too (logged loudly).
         heartbeat_s: The heartbeat interval devices are told in ``Welcome``; it is
             recorded per device, and presence is judged by it (:mod:`cloud.presence`).
+        tails: Split and joint inference serving (batching, caps, caches).
 
     Raises:
         ValidationError: ``heartbeat_s`` outside 1..300 seconds.
@@ -123,6 +125,7 @@ class HubCore:
         *,
         director: HubDirector | None = None,
         heartbeat_s: int = DEFAULT_HEARTBEAT_S,
+        tails: TailSettings | None = None,
     ) -> None:
         self.heartbeat_s = heartbeat_seconds(heartbeat_s)
         self.store = store
@@ -165,6 +168,8 @@ class HubCore:
         self._unknown: Lru[str] = Lru(10_000)
         self._heard: dict[str, int] = {}
         self._heard_flush: asyncio.Task[None] | None = None
+        #: Split and joint inference: tails from the signed bundles devices are entitled to.
+        self.tails = TailServer(trust, self.tail_target, tails)
 
     def loops(self) -> list[Loop]:
         """The coroutines every hub process must keep running while it serves devices.
@@ -180,6 +185,7 @@ class HubCore:
         """
         await self.telemetry.close()
         await self.reports.close()
+        await self.tails.close()
         pending, self._heard_flush = self._heard_flush, None
         if pending is not None and not pending.done():
             pending.cancel()
@@ -423,6 +429,38 @@ class HubCore:
             StoreError: the store failed.
         """
         await self.presence(device_id, online=False)
+
+    # -- split and joint inference -----------------------------------------------------
+
+    async def tail_target(self, device_id: str, skill: str, version: str) -> str:
+        """The signed target of a skill version the device may run tails of.
+
+        A device is entitled to a version in its desired state, or one it reports
+        running (a rollout may have moved on while it still runs the old one).
+
+        Raises:
+            TailRefusedError: ``permission-denied`` when the device is not entitled,
+                ``not-found`` when the hub has no such version.
+            StoreError: The store failed.
+        """
+        return await asyncio.to_thread(self._tail_target, device_id, skill, version)
+
+    def _tail_target(self, device_id: str, skill: str, version: str) -> str:
+        for wanted in self.store.desired_for(device_id).skills:
+            if (wanted.name, wanted.version) == (skill, version):
+                return wanted.target_name
+        report = self.store.reported_for(device_id)
+        running = report is not None and any(
+            (s.name, s.version, s.state) == (skill, version, "running") for s in report.skills
+        )
+        if not running:
+            raise TailRefusedError(
+                "permission-denied", f"{skill} {version} is not deployed to this device"
+            )
+        try:
+            return self.store.get_skill_version(skill, version).target_name
+        except NotFoundError as exc:
+            raise TailRefusedError("not-found", f"the hub has no {skill} {version}") from exc
 
     # -- fetch -----------------------------------------------------------------------
 

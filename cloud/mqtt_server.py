@@ -9,6 +9,14 @@ Desired-state changes found by the core's shared notifier are published as
 retained per-device messages; the retained messages of every hub process are
 tracked, so a change is published once whichever process sees it first.
 There is no group broadcast: everything the hub sends names one device.
+
+Split and joint inference is MQTT 5 request/response, like fetch: an
+``InferRequest`` on ``up/infer`` with response topic ``down/infer`` and
+correlation data (the request id) is answered on that topic with the same
+correlation data, by an ``InferResponse`` (content type
+:data:`~protos.topics.INFER_CONTENT_TYPE`) or, when refused, an ``Error``
+(:data:`~protos.topics.ERROR_CONTENT_TYPE`) whose code is a wire code of
+:data:`~protos.topics.INFER_ERROR_CODES`.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import logging
 import zlib
 from dataclasses import dataclass
 
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -27,10 +36,19 @@ from cloud.hubcore import HubCore, fetch_error_code
 from cloud.mqtt_client import HubMqttClient, Incoming
 from cloud.mqtt_fetch import FetchReply, requested_window
 from cloud.session import DropReason
+from cloud.tail_serving import TailRefusedError
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW, FetchErrorCode
-from protos.topics import DESIRED_KINDS, STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint, TopicRef
+from protos.topics import (
+    DESIRED_KINDS,
+    ERROR_CONTENT_TYPE,
+    INFER_CONTENT_TYPE,
+    STATUS_OFFLINE,
+    STATUS_ONLINE,
+    MqttEndpoint,
+    TopicRef,
+)
 
 __all__ = ["MqttHubServer", "MqttServerSettings", "start_mqtt_server"]
 
@@ -51,6 +69,8 @@ class MqttServerSettings:
     queue_per_worker: int = 256
     max_fetch_window: int = MAX_WINDOW
     max_fetches: int = 32
+    #: Inference requests in progress at once; more are refused (``resource-exhausted``).
+    max_infers: int = 1024
     #: Largest packet the broker may hand the hub; bigger ones are dropped by the broker.
     max_packet: int = 1024 * 1024
     connect_timeout_s: float = 10.0
@@ -87,6 +107,7 @@ class MqttHubServer:
         self._fetch_slots = asyncio.Semaphore(s.max_fetches)
         self._tasks: list[asyncio.Task[None]] = []
         self._fetch_tasks: set[asyncio.Task[None]] = set()
+        self._infer_tasks: set[asyncio.Task[None]] = set()
         #: The desired-state revision last published (by any hub) per device: the
         #: director's counter, or the generation when the hub runs insecure.
         self.published: dict[str, int] = {}
@@ -105,7 +126,7 @@ class MqttHubServer:
 
     async def stop(self) -> None:
         """Stop the workers and disconnect."""
-        tasks = [*self._tasks, *self._fetch_tasks]
+        tasks = [*self._tasks, *self._fetch_tasks, *self._infer_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -124,6 +145,8 @@ class MqttHubServer:
             self._track_desired(ref.device_id, msg)
         elif ref.kind == "fetch":
             self._start_fetch(ref, msg)
+        elif ref.kind == "infer":
+            self._start_infer(ref, msg)
         else:
             queue = self._queues[zlib.crc32(ref.device_id.encode()) % len(self._queues)]
             try:
@@ -229,6 +252,48 @@ class MqttHubServer:
             with contextlib.closing(chunks):
                 if not await reply.chunks(chunks, req.offset, size, window):
                     self.core.drop(DropReason.PUBLISH_FAILED, device)
+
+    # -- split and joint inference: MQTT 5 request/response --------------------------
+
+    def _start_infer(self, ref: TopicRef, msg: Incoming) -> None:
+        corr, topic = msg.correlation, msg.response_topic
+        if (
+            corr is None
+            or not 0 < len(corr) <= MAX_CORRELATION_BYTES
+            or topic != self.topics.down(ref.device_id, "infer")
+        ):
+            self.core.drop(DropReason.BAD_INFER, ref.device_id, "no usable reply path")
+            return
+        if len(self._infer_tasks) >= self.settings.max_infers:
+            refusal = TailRefusedError("resource-exhausted", "the hub is serving too many tails")
+            self._answer_infer(ref.device_id, topic, corr, refusal)
+            return
+        task = asyncio.create_task(self._infer(ref.device_id, msg.payload, topic, corr))
+        self._infer_tasks.add(task)
+        task.add_done_callback(self._infer_tasks.discard)
+
+    async def _infer(self, device: str, payload: bytes, topic: str, corr: bytes) -> None:
+        try:
+            answer: pb.InferResponse | TailRefusedError = await self.core.session(
+                device
+            ).infer_payload(payload)
+        except TailRefusedError as exc:
+            answer = exc
+        self._answer_infer(device, topic, corr, answer)
+
+    def _answer_infer(
+        self, device: str, topic: str, corr: bytes, answer: pb.InferResponse | TailRefusedError
+    ) -> None:
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = corr
+        if isinstance(answer, TailRefusedError):
+            props.ContentType = ERROR_CONTENT_TYPE
+            body = pb.Error(code=answer.code, message=answer.message[:1000]).SerializeToString()
+        else:
+            props.ContentType = INFER_CONTENT_TYPE
+            body = answer.SerializeToString()
+        if not self.mqtt.publish(topic, body, props=props):
+            self.core.drop(DropReason.PUBLISH_FAILED, device)
 
     def _publish_reply(self, topic: str, payload: bytes, props: Properties) -> bool:
         return self.mqtt.publish(topic, payload, props=props)

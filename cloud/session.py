@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Hashable
@@ -31,10 +32,12 @@ from cloud.errors import (
     SessionRefusedError,
     StoreError,
 )
+from cloud.tail_serving import TailRefusedError
 from protos import decode_envelope, kind_of, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
-from protos.limits import MAX_ENVELOPE_BYTES, MAX_FETCH_REQUEST_BYTES
+from protos.limits import DEVICE_ID_PATTERN, MAX_ENVELOPE_BYTES, MAX_FETCH_REQUEST_BYTES
+from skills.tensor_codec import MAX_INFER_BYTES
 
 if TYPE_CHECKING:
     from cloud.hubcore import HubCore
@@ -51,6 +54,7 @@ ACKED_KINDS = frozenset({"reported", "telemetry", "security_event"})
 _DESIRED_RECHECK_S = 30.0
 
 K = TypeVar("K", bound=Hashable)
+_DEVICE_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 
 
 class DropReason(StrEnum):
@@ -74,6 +78,7 @@ class DropReason(StrEnum):
     INTERNAL_ERROR = "internal-error"  #: a bug; logged with its traceback
     NO_CERTIFICATE = "no-certificate"  #: a device call without a verified client certificate
     REVOKED_CERTIFICATE = "revoked-certificate"  #: a certificate on the revocation list
+    BAD_INFER = "bad-infer"  #: an inference request without usable identity, reply path or body
 
 
 #: Ack ids: unique per hub process and cheap (a random prefix and a counter, not uuid4).
@@ -345,3 +350,58 @@ class DeviceSession:
             self.core.open_fetch, req.path, req.offset, req.max_bytes
         )
         return req, size, chunks
+
+    # -- split and joint inference ------------------------------------------------------
+
+    async def infer(
+        self, request: pb.InferRequest, *, deadline_s: float | None = None
+    ) -> pb.InferResponse:
+        """Run the tail a device asks for, as the device this channel names.
+
+        The device is the channel's (its certificate's, or its MQTT topic's); only a
+        gRPC channel without TLS, which names none, falls back on the request's
+        ``device_id``, as fetches do in that mode.
+
+        Raises:
+            TailRefusedError: Refused (no identity, not registered, not entitled,
+                unknown tail, bad input, overloaded, deadline); ``code`` says which.
+        """
+        device = self.claimed or request.device_id
+        if not _DEVICE_RE.match(device):
+            self.drop(DropReason.BAD_INFER, f"no device: {device[:64]!r}")
+            raise _refused("permission-denied", "this channel names no device")
+        try:
+            known = await self.core.is_known(device)
+        except StoreError as exc:
+            self.drop(DropReason.STORE_ERROR, exc)
+            raise _refused("unavailable", "the hub cannot serve you now") from exc
+        if not known:
+            self.drop(DropReason.UNKNOWN_DEVICE, "infer")
+            raise _refused("permission-denied", "register first")
+        try:
+            return await self.core.tails.infer(device, request, deadline_s=deadline_s)
+        except StoreError as exc:
+            self.drop(DropReason.STORE_ERROR, exc)
+            raise _refused("unavailable", "the hub cannot serve you now") from exc
+
+    async def infer_payload(self, payload: bytes) -> pb.InferResponse:
+        """Parse an ``InferRequest`` (MQTT carries bytes) and run it as :meth:`infer`.
+
+        Raises:
+            TailRefusedError: The payload is over the cap or not a request, or as
+                :meth:`infer`.
+        """
+        if len(payload) > MAX_INFER_BYTES:
+            self.drop(DropReason.OVERSIZED, f"inference request of {len(payload)} bytes")
+            raise _refused("invalid-argument", f"requests are at most {MAX_INFER_BYTES} bytes")
+        request = pb.InferRequest()
+        try:
+            request.ParseFromString(payload)
+        except DecodeError as exc:
+            self.drop(DropReason.MALFORMED, exc)
+            raise _refused("invalid-argument", "not an inference request") from exc
+        return await self.infer(request)
+
+
+def _refused(code: str, message: str) -> TailRefusedError:
+    return TailRefusedError(code, message)

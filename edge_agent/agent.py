@@ -23,7 +23,7 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.config import AgentConfig
 from edge_agent.desired_gate import DesiredGate
-from edge_agent.errors import AgentError, TransportError
+from edge_agent.errors import AgentError, RuntimeBackendError, TransportError
 from edge_agent.hublink import HubLink
 from edge_agent.installs import InstallStore
 from edge_agent.metrics import InferenceCounter, start_agent_metrics
@@ -33,6 +33,7 @@ from edge_agent.reconciler import FetchTarget, Reconciler
 from edge_agent.sandbox import SkillItemError, SkillProcess
 from edge_agent.sandbox.launcher import SkillLauncher
 from edge_agent.security_events import SecurityEvents
+from edge_agent.split.runtime import SplitRuntime
 from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource, WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
@@ -130,6 +131,8 @@ class Agent:
         self.outbox = outbox
         self.installs = installs
         self.link = link or HubLink(config.max_bundle_bytes)
+        #: Split and joint inference: the link estimate and a broker per skill version.
+        self.splits = SplitRuntime(lambda: self.link.transport, clock=clock)
         self.reconciler = Reconciler(
             installs,
             fetch_target,
@@ -137,6 +140,8 @@ class Agent:
             self._changed,
             clock=clock,
             on_event=self.security_event,
+            on_started=self._skill_started,
+            on_stopped=self.splits.detach,
         )
         #: Only the director's signed instructions get through (plain ones when insecure).
         self.gate = DesiredGate(
@@ -432,6 +437,15 @@ class Agent:
 
     # -- workload and telemetry -------------------------------------------------
 
+    def _skill_started(self, name: str, version: str, proc: SkillProcess) -> None:
+        """Serve a started skill's split and joint models (a skill without them gets none)."""
+        if not isinstance(proc, SkillProcess):  # a lighter stand-in (simulator, tests)
+            return
+        try:
+            self.splits.attach(name, version, proc)
+        except RuntimeBackendError as exc:  # it runs, but wholly on the device
+            log.warning("skill %s %s: split inference off: %s", name, version, exc)
+
     async def _workload(self) -> None:
         source = self._source
         if source is None:
@@ -461,7 +475,9 @@ class Agent:
                 return
             else:
                 window = self.windows.setdefault(key, WindowStats(*key))
-                window.record(result, ms, label)
+                # A lighter stand-in (the simulator's, tests') may not report its calls.
+                infers = proc.drain_infers() if isinstance(proc, SkillProcess) else []
+                window.record(result, ms, label, infers[-1] if infers else ())
                 window.add_events(len(proc.drain_events()))
                 self.inference_counts.add(*key)
             await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))
@@ -477,7 +493,8 @@ class Agent:
             if stats.inferences:
                 dropped = await asyncio.to_thread(self.outbox.take_dropped)
                 self.outbox_dropped_total += dropped
-                msg = stats.to_message(dropped=dropped)
+                gauges = self.splits.metrics(stats.skill, stats.version)
+                msg = stats.to_message(dropped=dropped, gauges=gauges)
                 # A per-device sequence number lets the hub (and tests) see gaps and repeats.
                 self._seq += 1
                 seq_file = self.config.state_dir / "telemetry.seq"

@@ -10,6 +10,7 @@ from protos.errors import TransportError
 __all__ = [
     "AgentError",
     "HealthCheckError",
+    "InferRefusedError",
     "InstallError",
     "OutboxError",
     "RuntimeBackendError",
@@ -40,3 +41,22 @@ class RuntimeBackendError(AgentError):
 
 class OutboxError(AgentError):
     """The durable outbox could not store or read a message."""
+
+
+class InferRefusedError(TransportError):
+    """The hub answered a split or joint inference request with a refusal.
+
+    Asking again with the same request gets the same answer (unknown skill, model
+    or cut, not entitled, malformed or over a cap) or, for ``resource-exhausted``,
+    not before the hub's load drops; the device finishes on its own.
+
+    Attributes:
+        reason: What the hub said.
+        code: The refusal's kind: ``not-found``, ``permission-denied``,
+            ``invalid-argument`` or ``resource-exhausted`` (``""`` when not given).
+    """
+
+    def __init__(self, reason: str, code: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code

@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 FetchTarget = Callable[[str], Path]
 #: ``on_event(kind, reason, detail, subject)``: a refusal or containment to count and report.
 OnEvent = Callable[[str, str, str, str], None]
+#: ``on_started(name, version, proc)``: a control process passed its health check and runs.
+OnStarted = Callable[[str, str, SkillProcess], None]
 
 RETRY_BASE_S = 3.0
 RETRY_MAX_S = 300.0
@@ -113,6 +115,9 @@ class Reconciler:
         keep_versions: Versions of each skill kept on disk (current and previous first).
         on_event: Told of every containment: ``("sandbox", reason, detail, "name version")``.
         supervise_s: Longest a pass waits for a background fetch before it returns.
+        on_started: Told of every control process that starts running (split inference
+            attaches to it); ``on_stopped(name)`` of every one stopped.
+        on_stopped: See ``on_started``.
     """
 
     def __init__(
@@ -126,6 +131,8 @@ class Reconciler:
         keep_versions: int = 2,
         on_event: OnEvent | None = None,
         supervise_s: float = 1.0,
+        on_started: OnStarted | None = None,
+        on_stopped: Callable[[str], None] | None = None,
     ) -> None:
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
@@ -136,6 +143,8 @@ class Reconciler:
         self.clock = clock
         self.keep_versions = keep_versions
         self.processes: dict[str, SkillProcess] = {}
+        self._on_started = on_started
+        self._on_stopped = on_stopped
         self.states: dict[str, SkillState] = {}
         self._process_versions: dict[str, str] = {}
         self._failures: dict[tuple[str, str], Failure] = {}
@@ -320,6 +329,8 @@ class Reconciler:
     ) -> None:
         self.processes[name] = proc
         self._process_versions[name] = version
+        if self._on_started is not None:
+            self._on_started(name, version, proc)
         for note in getattr(proc, "limit_notes", ()):
             self.on_event("sandbox", "clamped", note, f"{name} {version}")
         if version == want:
@@ -379,6 +390,8 @@ class Reconciler:
     async def _stop(self, name: str) -> None:
         proc = self.processes.pop(name, None)
         self._process_versions.pop(name, None)
+        if self._on_stopped is not None:
+            self._on_stopped(name)
         if proc is not None:
             await asyncio.to_thread(proc.stop)
 

@@ -7,15 +7,22 @@ the field; here a replay file of samples (and labels, where they are known).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_agent.errors import AgentError
 from protos import pb
 from protos.envelope import now_ms
+
+if TYPE_CHECKING:
+    from edge_agent.sandbox.protocol import InferRecord
+
+#: The joint-inference paths whose accuracy is reported apart.
+_JOINT_PATHS = ("joint-device", "joint-hub")
 
 MAX_SOURCE_BYTES = 256 * 1024 * 1024
 
@@ -60,7 +67,13 @@ class WindowStats:
     """Inference counters of one skill version over one telemetry window.
 
     ``inferences`` counts every item given to the skill, ``errors`` those it
-    raised on (so the error rate is ``errors / inferences``).
+    raised on (so the error rate is ``errors / inferences``). Split and joint
+    inference add, per window, the ``ctx.infer`` calls by path
+    (``split.path.<path>``), those the device finished after a hub failure
+    (``split.fallbacks``), the joint upload ratio (``joint.upload_ratio``: calls
+    sent to the hub's big model over all joint calls) and, where labels come
+    back, each joint path's accuracy (``joint.<path>.accuracy``, an item counting
+    for the path of its joint calls when they all took one).
     """
 
     skill: str
@@ -72,14 +85,48 @@ class WindowStats:
     events: int = 0
     errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    paths: dict[str, int] = field(default_factory=dict)
+    fallbacks: int = 0
+    joint_labelled: dict[str, int] = field(default_factory=dict)
+    joint_correct: dict[str, int] = field(default_factory=dict)
 
-    def record(self, result: Any, latency_ms: float, label: int | None) -> None:
-        """Count one inference."""
+    def record(
+        self,
+        result: Any,
+        latency_ms: float,
+        label: int | None,
+        infers: Sequence[InferRecord] = (),
+    ) -> None:
+        """Count one inference and the ``ctx.infer`` calls it made."""
         self.inferences += 1
         self.latencies_ms.append(latency_ms)
+        correct = None
         if label is not None and isinstance(result, dict) and "label" in result:
             self.labelled += 1
-            self.correct += int(int(result["label"]) == label)
+            correct = int(result["label"]) == label
+            self.correct += int(correct)
+        for record in infers:
+            self.paths[record.path] = self.paths.get(record.path, 0) + 1
+            self.fallbacks += int(record.fallback)
+        joint = {r.path for r in infers if r.path in _JOINT_PATHS}
+        if correct is not None and len(joint) == 1:
+            (path,) = joint
+            self.joint_labelled[path] = self.joint_labelled.get(path, 0) + 1
+            self.joint_correct[path] = self.joint_correct.get(path, 0) + int(correct)
+
+    def split_metrics(self) -> dict[str, float]:
+        """The window's split and joint counters, for the telemetry metrics map."""
+        if not self.paths:
+            return {}
+        metrics = {f"split.path.{path}": float(n) for path, n in sorted(self.paths.items())}
+        metrics["split.fallbacks"] = float(self.fallbacks)
+        joint_calls = sum(self.paths.get(path, 0) for path in _JOINT_PATHS)
+        if joint_calls:
+            metrics["joint.upload_ratio"] = self.paths.get("joint-hub", 0) / joint_calls
+        for path, labelled in self.joint_labelled.items():
+            metrics[f"joint.{path}.labelled"] = float(labelled)
+            metrics[f"joint.{path}.accuracy"] = self.joint_correct.get(path, 0) / labelled
+        return metrics
 
     def record_error(self) -> None:
         """Count one item the skill raised on: an inference that gave no answer."""
@@ -90,8 +137,10 @@ class WindowStats:
         """Count ``count`` events the skill emitted (``ctx.emit``) in this window."""
         self.events += count
 
-    def to_message(self, dropped: int = 0) -> pb.Telemetry:
-        """The window as a wire message."""
+    def to_message(
+        self, dropped: int = 0, gauges: Mapping[str, float] | None = None
+    ) -> pb.Telemetry:
+        """The window as a wire message; ``gauges`` (split link and cut state) join its metrics."""
         lat = np.asarray(self.latencies_ms or [0.0])
         return pb.Telemetry(
             skill=self.skill,
@@ -106,7 +155,7 @@ class WindowStats:
             window_start_ms=self.started_ms,
             window_end_ms=now_ms(),
             dropped_messages=dropped,
-            metrics={"events": float(self.events)},
+            metrics={**(gauges or {}), **self.split_metrics(), "events": float(self.events)},
         )
 
 

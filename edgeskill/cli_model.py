@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from edgeskill._common import print_error
+from edgeskill.cli_split import split
 
 if TYPE_CHECKING:
     from cloud.models import (
@@ -45,6 +46,7 @@ HomeOpt = Annotated[
     ),
 ]
 DEFAULT_HOME = Path(".edgeskill/hub")
+app.command("split")(split)
 DEFAULT_VARIANTS = "int8,pruned+int8,distilled+int8"
 BACKENDS = ("onnxruntime", "openvino", "litert")
 

@@ -13,6 +13,9 @@ topic                                     direction    retained  payload
                                                                  desired state, signed or
                                                                  not, on ``down/desired``
 ``{p}/dev/{device}/down/fetch``           hub → device no        FetchChunk or Error
+``{p}/dev/{device}/up/infer``             device → hub no        InferRequest (+ response
+                                                                 topic, correlation data)
+``{p}/dev/{device}/down/infer``           hub → device no        InferResponse or Error
 ``{p}/dev/{device}/status``               device/Will  yes       ``online`` / ``offline``
 ========================================  ===========  ========  ==========================
 
@@ -42,6 +45,9 @@ __all__ = [
     "DESIRED_KINDS",
     "DOWN_KINDS",
     "ERROR_CONTENT_TYPE",
+    "INFER_CONTENT_TYPE",
+    "INFER_ERROR_CODES",
+    "INFER_REFUSALS",
     "STATUS_OFFLINE",
     "STATUS_ONLINE",
     "UP_KINDS",
@@ -53,10 +59,10 @@ __all__ = [
 DEFAULT_PREFIX = "edgeskill/v1"
 #: Message kinds a device may publish, by topic.
 UP_KINDS = frozenset(
-    {"register", "heartbeat", "reported", "telemetry", "ack", "fetch", "security_event"}
+    {"register", "heartbeat", "reported", "telemetry", "ack", "fetch", "security_event", "infer"}
 )
 #: Message kinds the hub publishes to a device.
-DOWN_KINDS = frozenset({"welcome", "desired", "signed_desired", "ack", "error", "fetch"})
+DOWN_KINDS = frozenset({"welcome", "desired", "signed_desired", "ack", "error", "fetch", "infer"})
 #: Kinds that carry a device's desired state: both go to its one retained ``down/desired``
 #: topic, so a newer state replaces an older one of the other kind.
 DESIRED_KINDS = frozenset({"desired", "signed_desired"})
@@ -66,6 +72,22 @@ STATUS_OFFLINE = b"offline"
 #: one of :class:`protos.fetch.FetchErrorCode`).
 CHUNK_CONTENT_TYPE = "application/vnd.edgeskill.fetch-chunk"
 ERROR_CONTENT_TYPE = "application/vnd.edgeskill.error"
+#: MQTT 5 content type of an inference answer: an InferResponse. A refusal is an
+#: Error (ERROR_CONTENT_TYPE) whose ``code`` is one of :data:`INFER_ERROR_CODES`.
+INFER_CONTENT_TYPE = "application/vnd.edgeskill.infer-response"
+#: Codes of refused inference requests, as gRPC status names by wire code.
+INFER_ERROR_CODES = {
+    "not-found": "NOT_FOUND",
+    "permission-denied": "PERMISSION_DENIED",
+    "invalid-argument": "INVALID_ARGUMENT",
+    "resource-exhausted": "RESOURCE_EXHAUSTED",
+    "deadline-exceeded": "DEADLINE_EXCEEDED",
+    "unavailable": "UNAVAILABLE",
+}
+#: The codes after which asking again with the same request is pointless.
+INFER_REFUSALS = frozenset(
+    {"not-found", "permission-denied", "invalid-argument", "resource-exhausted"}
+)
 
 _DEVICE_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 _LEVEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

@@ -37,6 +37,19 @@ TOML layout (only ``[skill]`` and its first three keys are required)::
     sha256 = "..."                      # filled in by build_bundle
     size = 163000                       # filled in by build_bundle
     precision = "fp32"                  # one of KNOWN_PRECISIONS
+
+    [[split]]                           # optional, up to 16; see skills.split_spec
+    model = "detector"
+    plan = "models/detector/split.json"
+    codec = "fp16"
+    deadline_ms = 1000
+
+    [[joint]]                           # optional, up to 16; see skills.split_spec
+    small = "detector-small"
+    big = "detector"
+    measure = "entropy"
+    threshold = 0.5
+    deadline_ms = 1000
 """
 
 from __future__ import annotations
@@ -64,15 +77,28 @@ from skills._fields import (
     table_list,
 )
 from skills.errors import ManifestError
+from skills.split_spec import (
+    MAX_JOINTS,
+    MAX_SPLITS,
+    JointSpec,
+    SplitSpec,
+    check_splits_and_joints,
+    joint_from,
+    joint_table,
+    split_from,
+    split_table,
+)
 
 __all__ = [
     "KNOWN_DTYPES",
     "KNOWN_PRECISIONS",
     "KNOWN_TARGETS",
     "MAX_MANIFEST_BYTES",
+    "JointSpec",
     "Manifest",
     "ModelVariant",
     "Resources",
+    "SplitSpec",
     "TensorSpec",
     "check_bundle_path",
     "parse_version",
@@ -280,6 +306,8 @@ class Manifest:
         models: Model variants shipped in ``models/``.
         reference: Path of the reference statistics JSON inside the bundle, if any.
         config: Default configuration (read-only mapping).
+        splits: Models shipped as segments for split inference (``[[split]]``).
+        joints: Small/big model pairs for joint inference (``[[joint]]``).
     """
 
     name: str
@@ -293,6 +321,8 @@ class Manifest:
     reference: str | None = None
     # Excluded from the hash because a mapping is unhashable; equality still compares it.
     config: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    splits: tuple[SplitSpec, ...] = ()
+    joints: tuple[JointSpec, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field.
@@ -312,6 +342,9 @@ class Manifest:
         object.__setattr__(self, "outputs", _check_tensors(self.outputs, "outputs"))
         object.__setattr__(self, "models", _check_variants(self.models))
         object.__setattr__(self, "config", _freeze_config(self.config))
+        splits, joints = check_splits_and_joints(self.splits, self.joints)
+        object.__setattr__(self, "splits", splits)
+        object.__setattr__(self, "joints", joints)
 
     @property
     def entry_module(self) -> str:
@@ -326,6 +359,14 @@ class Manifest:
     def variants(self, model: str) -> tuple[ModelVariant, ...]:
         """Return the variants of one logical model, in manifest order."""
         return tuple(v for v in self.models if v.model == model)
+
+    def split_for(self, model: str) -> SplitSpec | None:
+        """The ``[[split]]`` declaration of ``model``, if it has one."""
+        return next((s for s in self.splits if s.model == model), None)
+
+    def joint_for(self, small: str) -> JointSpec | None:
+        """The ``[[joint]]`` pair whose small model is ``small``, if there is one."""
+        return next((j for j in self.joints if j.small == small), None)
 
     def with_models(self, models: Sequence[ModelVariant]) -> Manifest:
         """Return a copy with ``models`` replaced.
@@ -383,6 +424,10 @@ class Manifest:
                 ]
         if self.models:
             doc["models"] = [asdict(m) for m in self.models]
+        if self.splits:
+            doc["split"] = split_table(self.splits)
+        if self.joints:
+            doc["joint"] = joint_table(self.joints)
         text = tomli_w.dumps(doc)
         if len(text.encode("utf-8")) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"manifest renders larger than {MAX_MANIFEST_BYTES} bytes")
@@ -456,6 +501,12 @@ def _manifest_from_doc(doc: dict[str, Any]) -> Manifest:
         _variant_from(t, f"models[{i}]")
         for i, t in enumerate(table_list(top, "models", MAX_VARIANTS))
     ]
+    splits = [
+        split_from(t, f"split[{i}]") for i, t in enumerate(table_list(top, "split", MAX_SPLITS))
+    ]
+    joints = [
+        joint_from(t, f"joint[{i}]") for i, t in enumerate(table_list(top, "joint", MAX_JOINTS))
+    ]
     resources = _resources_from(top.get("resources", dict, {}))
     top.done()
     return Manifest(
@@ -465,4 +516,6 @@ def _manifest_from_doc(doc: dict[str, Any]) -> Manifest:
         resources=resources,
         models=tuple(models),
         config=config,
+        splits=tuple(splits),
+        joints=tuple(joints),
     )

@@ -5,15 +5,16 @@ representable in half precision) and ``int8`` (a quarter; per-tensor affine
 ``x ≈ (q - zero_point) * scale`` with 0 inside the range, so the zero point fits
 in int8 and the error is at most ``scale / 2``).
 
-Two wire forms share one per-tensor payload (int8 puts ``scale`` float32 and
-``zero_point`` int32 in front of the values; all little-endian):
+Two wire forms (values little-endian):
 
+- :func:`encode_protos` / :func:`decode_protos`: ``TensorProto`` messages for
+  ``InferRequest.inputs`` and ``InferResponse.outputs``. Each names its graph
+  tensor (``name``); an int8 one carries its ``scale`` and ``zero_point`` in
+  their own fields, its ``data`` being the int8 values alone.
 - :func:`encode` / :func:`decode`: a self-describing byte string with names
-  (``ESTC``, version, codec, count, then per tensor its name, shape and payload),
-  for transports that carry bytes (MQTT request/response).
-- :func:`encode_protos` / :func:`decode_protos`: a list of ``TensorProto`` for
-  ``InferRequest.inputs``. The proto has no name or quantisation fields, so the
-  order is the cut's tensor order, both sides knowing the cut by its name.
+  (``ESTC``, version, codec, count, then per tensor its name, shape and payload,
+  int8 putting ``scale`` float32 and ``zero_point`` int32 in front of the
+  values), for anything that stores or carries plain bytes.
 
 Everything read from outside is checked against :class:`CodecLimits` before any
 array is allocated. Needs numpy only.
@@ -35,6 +36,8 @@ from skills.errors import TensorCodecError
 __all__ = [
     "CODECS",
     "DEFAULT_LIMITS",
+    "MAX_INFER_BYTES",
+    "WIRE_LIMITS",
     "CodecLimits",
     "decode",
     "decode_protos",
@@ -59,6 +62,7 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FP16_MAX = float(np.finfo(np.float16).max)
 _QMIN, _QMAX = -128, 127
+_SMALLEST_SCALE = float(np.finfo(np.float32).tiny)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class CodecLimits:
 
 
 DEFAULT_LIMITS = CodecLimits()
+#: Largest ``InferRequest`` or ``InferResponse`` either side sends or accepts, on either
+#: transport (under the hub's 1 MiB gRPC receive cap and the broker's packet cap).
+MAX_INFER_BYTES = 1000 * 1024
+#: Caps on the tensors of one inference message: what fits in :data:`MAX_INFER_BYTES`.
+WIRE_LIMITS = CodecLimits(max_tensors=64, max_bytes=MAX_INFER_BYTES - 16 * 1024)
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, float, int]:
@@ -108,6 +117,8 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, float, int]:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise TensorCodecError("int8 codec needs finite values")
     scale = float(np.float32((hi - lo) / (_QMAX - _QMIN))) or 1.0
+    # A subnormal scale loses bits; values that small all round to zero at this one.
+    scale = max(scale, _SMALLEST_SCALE)
     zero_point = int(np.clip(round(_QMIN - lo / scale), _QMIN, _QMAX))
     q = np.rint(x / np.float32(scale)) + np.float32(zero_point)
     return np.clip(q, _QMIN, _QMAX).astype(np.int8), scale, zero_point
@@ -269,17 +280,35 @@ def decode(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> dict[str, np.nd
     return out
 
 
+def _proto(name: str, x: np.ndarray, codec: str) -> pb.TensorProto:
+    if codec != "int8":
+        return pb.TensorProto(
+            name=name, dtype=_PROTO_DTYPES[codec], shape=list(x.shape), data=_payload(x, codec)
+        )
+    q, scale, zero_point = quantize_int8(x)
+    return pb.TensorProto(
+        name=name,
+        dtype="int8",
+        shape=list(x.shape),
+        data=q.tobytes(),
+        scale=scale,
+        zero_point=zero_point,
+    )
+
+
 def encode_protos(
     tensors: Mapping[str, np.ndarray],
     names: Sequence[str],
     codec: str,
     limits: CodecLimits = DEFAULT_LIMITS,
 ) -> list[pb.TensorProto]:
-    """Encode the cut's tensors, in the cut's order, as ``TensorProto`` messages.
+    """Encode named float32 arrays as ``TensorProto`` messages, in the order of ``names``.
+
+    Each message carries its tensor's name; int8 ones their scale and zero point.
 
     Args:
         tensors: The arrays by name; must hold exactly ``names``.
-        names: The cut's tensor order.
+        names: The order to send them in (a cut's tensor order).
         codec: One of :data:`CODECS`.
         limits: Caps.
 
@@ -290,28 +319,49 @@ def encode_protos(
     if sorted(tensors) != sorted(names) or len(set(names)) != len(names):
         raise TensorCodecError(f"tensors {sorted(tensors)} do not match the cut {list(names)}")
     _check_tensors(tensors, limits)
-    protos = [
-        pb.TensorProto(
-            dtype=_PROTO_DTYPES[codec],
-            shape=list(tensors[n].shape),
-            data=_payload(tensors[n], codec),
-        )
-        for n in names
-    ]
+    protos = [_proto(n, tensors[n], codec) for n in names]
     total = sum(len(p.data) for p in protos)
     if total > limits.max_bytes:
         raise TensorCodecError(f"payload of {total} bytes, over the cap of {limits.max_bytes}")
     return protos
 
 
+def _by_name(
+    protos: Sequence[pb.TensorProto], names: Sequence[str]
+) -> list[tuple[str, pb.TensorProto]]:
+    """Pair each expected name with its message: by the messages' names, or by order
+    when none is named (a sender from before tensors carried names)."""
+    given = [p.name for p in protos]
+    if not any(given):
+        return list(zip(names, protos, strict=True))
+    if not all(given) or sorted(given) != sorted(names) or len(set(given)) != len(given):
+        shown = [g[:64] for g in given[:8]]
+        raise TensorCodecError(f"tensors {shown} do not match the expected {list(names)[:8]}")
+    found = dict(zip(given, protos, strict=True))
+    return [(n, found[n]) for n in names]
+
+
+def _int8_params(name: str, proto: pb.TensorProto) -> tuple[float, int]:
+    scale, zero_point = float(proto.scale), int(proto.zero_point)
+    if not (math.isfinite(scale) and scale > 0 and _QMIN <= zero_point <= _QMAX):
+        raise TensorCodecError(
+            f"tensor {name!r}: bad int8 parameters: scale {scale}, zero point {zero_point}"
+        )
+    return scale, zero_point
+
+
 def decode_protos(
     protos: Sequence[pb.TensorProto], names: Sequence[str], limits: CodecLimits = DEFAULT_LIMITS
 ) -> dict[str, np.ndarray]:
-    """Decode ``TensorProto`` messages sent in the cut's order into float32 arrays.
+    """Decode ``TensorProto`` messages into float32 arrays, keyed and ordered by ``names``.
+
+    Messages are matched to ``names`` by their ``name`` fields (in any order), or by
+    position when no message is named.
 
     Raises:
-        TensorCodecError: The count differs from the cut's, a dtype is unknown,
-            a shape does not match its data length, or a cap is exceeded.
+        TensorCodecError: The tensors are not exactly ``names``, a dtype is unknown, a
+            shape does not match its data length, int8 parameters are invalid, or a
+            cap is exceeded.
     """
     if len(protos) != len(names) or len(names) > limits.max_tensors:
         raise TensorCodecError(f"got {len(protos)} tensors for a cut of {len(names)}")
@@ -320,16 +370,21 @@ def decode_protos(
         raise TensorCodecError(f"tensor data over the cap of {limits.max_bytes} bytes")
     budget = limits.max_elements
     out: dict[str, np.ndarray] = {}
-    for name, proto in zip(names, protos, strict=True):
+    for name, proto in _by_name(protos, names):
         if proto.dtype not in codecs:
             raise TensorCodecError(f"tensor {name!r} has unknown dtype {proto.dtype[:32]!r}")
         codec = codecs[proto.dtype]
         shape = tuple(int(d) for d in proto.shape[: limits.max_ndim + 1])
         elements = _elements(shape, limits, budget)
         budget -= elements
-        if len(proto.data) != _payload_size(codec, elements):
+        if len(proto.data) != elements * _DTYPES[codec].itemsize:
             raise TensorCodecError(
                 f"tensor {name!r}: {len(proto.data)} data bytes do not fit shape {list(shape)}"
             )
-        out[name] = _values(proto.data, codec, shape, elements)
+        if codec == "int8":
+            q = np.frombuffer(proto.data, np.int8, elements)
+            out[name] = dequantize_int8(q, *_int8_params(name, proto)).reshape(shape)
+        else:
+            out[name] = np.frombuffer(proto.data, _DTYPES[codec], elements)
+            out[name] = out[name].astype(np.float32).reshape(shape)
     return out

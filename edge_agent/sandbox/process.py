@@ -6,11 +6,20 @@ timeout, a crash or a protocol violation kills the whole process group (the
 skill may have started helpers) and reaps it; nothing is left running. A
 confined skill (:class:`~edge_agent.sandbox.confine.Confinement`) starts
 through the jail, and every process of its user is killed, wherever it went.
+
+Split and joint inference: while an item is in flight the control process may
+send ``tail`` requests. The thread waiting for the item's reply serves them, one
+at a time, through the attached :class:`TailBroker` (the agent's split runtime,
+bound to this skill version, so a skill can only reach its own models) and
+writes each ``tail-reply`` itself: no second writer, and every tail is bounded
+by the item's deadline. Each ``process`` request carries the broker's current
+plan; the control process follows it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import select
@@ -24,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 
 from edge_agent.errors import HealthCheckError, SandboxError
 from edge_agent.sandbox.confine import Confinement
@@ -32,12 +41,24 @@ from edge_agent.sandbox.env import child_environment, encode_config
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.logfile import SkillLog
 from edge_agent.sandbox.memory import BusyRule, MemoryWatchdog
-from edge_agent.sandbox.protocol import encode_frame, read_frame
+from edge_agent.sandbox.protocol import (
+    MAX_TAILS_PER_ITEM,
+    InferRecord,
+    PipeProtocolError,
+    TailAnswer,
+    TailRequest,
+    encode_frame,
+    parse_infers,
+    parse_profile,
+    parse_tail_request,
+    read_frame,
+    tail_reply,
+)
 
 if TYPE_CHECKING:
     from skills.manifest import Manifest
 
-__all__ = ["SkillItemError", "SkillProcess"]
+__all__ = ["SkillItemError", "SkillProcess", "TailBroker"]
 
 _WORKER_MODULE = "edge_agent.sandbox.worker"
 _MAX_EVENTS = 1000
@@ -45,6 +66,25 @@ _MAX_PENDING_REPLIES = 64
 _MAX_ERROR_CHARS = 4000
 _REAP_GRACE_S = 2.0
 _POLL_S = 0.01
+_MAX_INFER_RECORDS = 10_000
+_MAX_PROFILES = 16
+
+_log = logging.getLogger(__name__)
+
+
+class TailBroker(Protocol):
+    """The agent's side of split inference for one skill version."""
+
+    def plan(self) -> dict[str, str]:
+        """The plan to send with the next item: a cut, ``device`` or ``joint`` per model."""
+        ...
+
+    def tail(self, request: TailRequest, timeout_s: float) -> TailAnswer:
+        """Have the hub finish ``request`` within ``timeout_s``; never raises.
+
+        Called on the thread that waits for the item, never on the agent's event loop.
+        """
+        ...
 
 
 class SkillItemError(SandboxError):
@@ -120,6 +160,15 @@ class SkillProcess:
         self.dropped_events = 0
         #: What the launcher lowered or refused of the manifest's requests.
         self.limit_notes: tuple[str, ...] = ()
+        #: Per-segment device times (ms) of each split model, as profiled at setup.
+        self.profiles: dict[str, tuple[float, ...]] = {}
+        #: The emulated device slowdown the control process reported (1: none).
+        self.slowdown = 1.0
+        #: Tail requests refused without reaching the hub (not its own, malformed, too many).
+        self.refused_tails = 0
+        self._config = dict(config)
+        self._broker: TailBroker | None = None
+        self._infers: deque[tuple[InferRecord, ...]] = deque(maxlen=_MAX_INFER_RECORDS)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -189,6 +238,43 @@ class SkillProcess:
             raise SandboxError(f"{self._label}: not started")
         return self._proc.pid
 
+    @property
+    def manifest(self) -> Manifest:
+        """The running version's manifest."""
+        return self._manifest
+
+    @property
+    def skill_dir(self) -> Path:
+        """The running version's folder."""
+        return self._skill_dir
+
+    @property
+    def config(self) -> Mapping[str, str]:
+        """The configuration it was started with."""
+        return dict(self._config)
+
+    def attach(self, broker: TailBroker | None) -> None:
+        """Serve this skill's tail requests and plans through ``broker`` (``None``: refuse)."""
+        self._broker = broker
+
+    def _plan(self) -> dict[str, str]:
+        """The broker's plan for the next item; all on the device without one (or on a bug)."""
+        broker = self._broker
+        if broker is None:
+            return {}
+        try:
+            return broker.plan()
+        except Exception:  # a planner bug must not fail the item: run it on the device
+            _log.exception("%s: the split broker could not plan", self._label)
+            return {}
+
+    def drain_infers(self) -> list[tuple[InferRecord, ...]]:
+        """The ``ctx.infer`` calls of each item answered since the last call, oldest first."""
+        with self._events_lock:
+            infers = list(self._infers)
+            self._infers.clear()
+        return infers
+
     # -- requests ---------------------------------------------------------------------
 
     def process(
@@ -214,7 +300,10 @@ class SkillProcess:
                 raise SandboxError(f"{self._label}: not started")
             self._next_id += 1
             request_id = self._next_id
-            frame = encode_frame({"op": "process", "id": request_id, "item": dict(item)})
+            plan = self._plan()
+            frame = encode_frame(
+                {"op": "process", "id": request_id, "item": dict(item), "plan": plan}
+            )
             if not self.alive:
                 self._fail(f"not running ({self._ended or 'exited'})")
             started = time.perf_counter()
@@ -229,6 +318,9 @@ class SkillProcess:
             result = reply.get("result")
             if reply.get("ok") is True and not isinstance(result, dict):
                 self._fail("sent a reply without a result object")
+            if reply.get("ok") is True:
+                with self._events_lock:
+                    self._infers.append(tuple(parse_infers(reply.get("infers"))))
         if reply.get("ok") is not True:
             raise SkillItemError(f"{self._label} failed on an item:\n{_clip(reply.get('error'))}")
         assert isinstance(result, dict)  # checked above, under the lock
@@ -322,13 +414,18 @@ class SkillProcess:
 
     def _await_ready(self) -> None:
         timeout = self._manifest.resources.startup_timeout_s
-        try:
-            message = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            self._terminate(grace_s=0.0)
-            raise HealthCheckError(
-                f"{self._label} was not ready within {timeout:g} s{self._log.tail()}"
-            ) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self._replies.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                self._terminate(grace_s=0.0)
+                raise HealthCheckError(
+                    f"{self._label} was not ready within {timeout:g} s{self._log.tail()}"
+                ) from None
+            if not (isinstance(message, dict) and message.get("op") == "profile"):
+                break
+            self._add_profile(message)
         if isinstance(message, dict) and message.get("op") == "ready":
             models = message.get("models")
             if isinstance(models, dict):
@@ -344,6 +441,63 @@ class SkillProcess:
             f"{self._label} died before it was ready ({reason}; exit code "
             f"{self._exit_code()}){self._log.tail()}"
         )
+
+    def _add_profile(self, message: dict[str, Any]) -> None:
+        """File a ``profile`` frame; a malformed one fails the start."""
+        try:
+            model, times = parse_profile(message)
+        except PipeProtocolError as exc:
+            self._terminate(grace_s=0.0)
+            raise HealthCheckError(f"{self._label} sent a bad profile: {exc}") from exc
+        if len(self.profiles) < _MAX_PROFILES or model in self.profiles:
+            self.profiles[model] = times
+        slowdown = message.get("slowdown")
+        if isinstance(slowdown, int | float) and 1 <= slowdown < 1e6:
+            self.slowdown = float(slowdown)
+
+    def _serve_tail(
+        self, message: dict[str, Any], item_id: int, served: int, deadline: float
+    ) -> bool:
+        """Answer one ``tail`` request of the item in flight; whether it reached the broker."""
+        tail_id = message.get("id")
+        if type(tail_id) is not int:
+            self.refused_tails += 1
+            return False  # nothing to answer to: the control process times out alone
+        broker = self._broker
+        try:
+            request = parse_tail_request(message)
+        except PipeProtocolError as exc:
+            answer, asked = TailAnswer(None, f"refused: malformed tail request: {exc}"), False
+        else:
+            answer, asked = self._ask_broker(broker, request, item_id, served, deadline)
+        if not asked:
+            self.refused_tails += 1
+        try:
+            frame = encode_frame(tail_reply(tail_id, answer))
+        except PipeProtocolError as exc:  # outputs too large for a frame
+            frame = encode_frame(tail_reply(tail_id, TailAnswer(None, f"reply too large: {exc}")))
+        self._write(frame, deadline)
+        return asked
+
+    def _ask_broker(
+        self,
+        broker: TailBroker | None,
+        request: TailRequest,
+        item_id: int,
+        served: int,
+        deadline: float,
+    ) -> tuple[TailAnswer, bool]:
+        if broker is None:
+            return TailAnswer(None, "refused: no split inference for this skill"), False
+        if request.item != item_id:
+            return TailAnswer(None, "refused: not for the item in flight"), False
+        if served >= MAX_TAILS_PER_ITEM:
+            return TailAnswer(None, f"refused: over {MAX_TAILS_PER_ITEM} tails per item"), False
+        try:
+            return broker.tail(request, max(deadline - time.monotonic(), 0.0)), True
+        except Exception as exc:  # a broker bug must not kill a healthy skill
+            _log.exception("%s: the split broker failed", self._label)
+            return TailAnswer(None, f"agent error: {exc}"), True
 
     def _read_loop(self, stream: IO[bytes]) -> None:
         """Runs in the reader thread until the pipe ends; never raises."""
@@ -396,6 +550,7 @@ class SkillProcess:
             view = view[written:]
 
     def _await_reply(self, request_id: int, deadline: float, timeout: float) -> dict[str, Any]:
+        served = 0
         while True:
             try:
                 message = self._replies.get(timeout=max(deadline - time.monotonic(), 0.0))
@@ -403,6 +558,9 @@ class SkillProcess:
                 self._fail(f"gave no reply within {timeout:g} s")
             if isinstance(message, _End):
                 self._fail(message.reason)
+            if message.get("op") == "tail":
+                served += self._serve_tail(message, request_id, served, deadline)
+                continue
             if message.get("id") == request_id:
                 return message
             # Anything else (a stray "ready", a reply to nobody) is ignored.

@@ -5,6 +5,19 @@ JSON. Numpy arrays travel as ``{"__ndarray__": dtype, "shape": [...], "b64": ...
 and numpy scalars as plain numbers. Both directions cap frames at
 :data:`MAX_FRAME_BYTES`; the decoder trusts nothing it reads, since the other
 end runs a bundle author's code.
+
+Split and joint inference add three frames (see :mod:`edge_agent.split.runtime`):
+
+* up, before ``ready``: ``{"op": "profile", "model": m, "segment_ms": [...]}``,
+  the control process's timing of each segment of split model ``m``;
+* up, only while a ``process`` request is in flight: ``{"op": "tail", "id": t,
+  "item": n, "model": m, "split": cut, "tensors": {name: array}}``, asking the
+  agent to have the hub finish model ``m`` from ``cut`` for item ``n``;
+* down, the answer to it: ``{"op": "tail-reply", "id": t, "ok": bool,
+  "outputs": {name: array}, "error": str, "plan": str}``.
+
+The ``process`` request carries ``"plan": {model: cut | "device" | "joint"}``
+and its reply ``"infers": [{"model", "path", "cut", "fallback"}, ...]``.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
@@ -22,11 +36,22 @@ import numpy as np
 from edge_agent.errors import SandboxError
 
 __all__ = [
+    "INFER_PATHS",
     "MAX_FRAME_BYTES",
+    "MAX_INFERS_PER_ITEM",
+    "MAX_TAILS_PER_ITEM",
+    "InferRecord",
     "PipeProtocolError",
+    "TailAnswer",
+    "TailRequest",
     "decode_frame",
     "encode_frame",
+    "parse_infers",
+    "parse_profile",
+    "parse_tail_reply",
+    "parse_tail_request",
     "read_frame",
+    "tail_reply",
     "write_frame",
 ]
 
@@ -35,6 +60,15 @@ _HEADER = struct.Struct(">I")
 _MAX_NDIM = 32
 _ARRAY_KEY = "__ndarray__"
 _ARRAY_KINDS = frozenset("biufc")
+#: Tail requests one item may make; more are refused without reaching the hub.
+MAX_TAILS_PER_ITEM = 16
+#: Inference records one reply may carry; more are dropped.
+MAX_INFERS_PER_ITEM = 256
+#: The paths an inference record may name (as :data:`skills.sdk.INFER_PATHS`).
+INFER_PATHS = frozenset({"device", "split", "hub", "joint-device", "joint-hub"})
+_MAX_NAME_CHARS = 128
+_MAX_TENSORS = 16
+_MAX_SEGMENTS = 1024
 
 
 class PipeProtocolError(SandboxError, ValueError):
@@ -156,3 +190,148 @@ def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
     if len(body) < size:
         raise PipeProtocolError(f"stream ended {size - len(body)} bytes short of a frame's end")
     return decode_frame(body)
+
+
+@dataclass(frozen=True)
+class TailRequest:
+    """A control process's request for the hub to finish a model, checked for shape only.
+
+    Whether the model is the skill's own and the cut and tensors fit its plan is the
+    agent's business (:mod:`edge_agent.split.runtime`); nothing here is trusted.
+
+    Attributes:
+        id: The request's id, echoed in the reply.
+        item: The id of the ``process`` request it belongs to.
+        model: The model named (a name in the skill's own manifest, or refused).
+        split: The cut, ``input`` or ``joint``.
+        tensors: The tensors to send, by name.
+    """
+
+    id: int
+    item: int
+    model: str
+    split: str
+    tensors: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TailAnswer:
+    """The agent's answer to a tail request.
+
+    Attributes:
+        outputs: The hub's outputs by name, or ``None`` when the hub was not asked,
+            refused, failed or missed the deadline.
+        error: Why there are no outputs (empty on success).
+        plan: The agent's plan for the model after this request, if it says.
+    """
+
+    outputs: Mapping[str, np.ndarray] | None
+    error: str = ""
+    plan: str | None = None
+
+
+def tail_reply(tail_id: int, answer: TailAnswer) -> dict[str, Any]:
+    """The ``tail-reply`` frame for ``answer``."""
+    ok = answer.outputs is not None
+    reply: dict[str, Any] = {"op": "tail-reply", "id": tail_id, "ok": ok}
+    if ok:
+        reply["outputs"] = dict(answer.outputs or {})
+    else:
+        reply["error"] = answer.error or "refused"
+    if answer.plan is not None:
+        reply["plan"] = answer.plan
+    return reply
+
+
+def parse_tail_reply(reply: Mapping[str, Any]) -> TailAnswer:
+    """The answer in a ``tail-reply`` frame; anything malformed reads as a failure."""
+    outputs, plan = reply.get("outputs"), reply.get("plan")
+    plan_text = plan[:_MAX_NAME_CHARS] if isinstance(plan, str) else None
+    if reply.get("ok") is not True or not isinstance(outputs, dict):
+        return TailAnswer(None, str(reply.get("error", "refused"))[:4000], plan_text)
+    arrays = {str(k): v for k, v in outputs.items() if isinstance(v, np.ndarray)}
+    return TailAnswer(arrays, "", plan_text)
+
+
+@dataclass(frozen=True)
+class InferRecord:
+    """One ``ctx.infer`` call as the control process reported it."""
+
+    model: str
+    path: str
+    cut: str
+    fallback: bool
+
+
+def _name(message: Mapping[str, Any], key: str) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_NAME_CHARS:
+        raise PipeProtocolError(f"{key!r} must be a name of 1 to {_MAX_NAME_CHARS} characters")
+    return value
+
+
+def _int(message: Mapping[str, Any], key: str) -> int:
+    value = message.get(key)
+    if type(value) is not int:
+        raise PipeProtocolError(f"{key!r} must be an integer")
+    return value
+
+
+def parse_tail_request(message: Mapping[str, Any]) -> TailRequest:
+    """Check a ``tail`` frame's fields and sizes.
+
+    Raises:
+        PipeProtocolError: A field is missing, of the wrong type, or over a cap.
+    """
+    tensors = message.get("tensors")
+    if not isinstance(tensors, dict) or not 0 < len(tensors) <= _MAX_TENSORS:
+        raise PipeProtocolError(f"'tensors' must map 1 to {_MAX_TENSORS} names to arrays")
+    for key, value in tensors.items():
+        if len(key) > _MAX_NAME_CHARS or not isinstance(value, np.ndarray):
+            raise PipeProtocolError(f"tensor {key[:_MAX_NAME_CHARS]!r} is not a named array")
+    return TailRequest(
+        id=_int(message, "id"),
+        item=_int(message, "item"),
+        model=_name(message, "model"),
+        split=_name(message, "split"),
+        tensors=dict(tensors),
+    )
+
+
+def parse_profile(message: Mapping[str, Any]) -> tuple[str, tuple[float, ...]]:
+    """A ``profile`` frame's model and per-segment times (ms).
+
+    Raises:
+        PipeProtocolError: The model is not a name, or the times are not a list of
+            finite, non-negative numbers (at most 1024).
+    """
+    model = _name(message, "model")
+    times = message.get("segment_ms")
+    if not isinstance(times, list) or not 0 < len(times) <= _MAX_SEGMENTS:
+        raise PipeProtocolError(f"'segment_ms' must list 1 to {_MAX_SEGMENTS} times")
+    if not all(type(t) in (int, float) and math.isfinite(t) and t >= 0 for t in times):
+        raise PipeProtocolError("'segment_ms' must hold finite times >= 0")
+    return model, tuple(float(t) for t in times)
+
+
+def parse_infers(value: object) -> list[InferRecord]:
+    """The inference records of a ``process`` reply; malformed entries are skipped.
+
+    At most :data:`MAX_INFERS_PER_ITEM` are kept.
+    """
+    if not isinstance(value, list):
+        return []
+    records = []
+    for entry in value[:MAX_INFERS_PER_ITEM]:
+        if not isinstance(entry, dict) or entry.get("path") not in INFER_PATHS:
+            continue
+        model, cut = entry.get("model"), entry.get("cut")
+        records.append(
+            InferRecord(
+                model=model[:_MAX_NAME_CHARS] if isinstance(model, str) else "",
+                path=str(entry["path"]),
+                cut=cut[:_MAX_NAME_CHARS] if isinstance(cut, str) else "",
+                fallback=entry.get("fallback") is True,
+            )
+        )
+    return records

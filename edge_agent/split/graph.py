@@ -253,7 +253,7 @@ def cut_cost(graph: CostGraph, device_nodes: Iterable[str], name: str = "") -> C
             up += tensor.nbytes
         if tensor.output and not on_device:
             down += tensor.nbytes
-    return CutCost(name, device_ms, hub_ms, up, down)
+    return CutCost(name, device_ms, hub_ms, up, down, remote=not all(mask))
 
 
 def head_for_cut(graph: CostGraph, tensors: Iterable[str]) -> frozenset[str]:
@@ -336,7 +336,7 @@ def _prefix_table(graph: CostGraph, model: str) -> CostTable:
     for position in range(len(order) - 1, -1, -1):
         hub_left[position] = hub_left[position + 1] + graph.nodes[order[position]].hub_ms
     device_ms = 0.0
-    cuts = [CutCost(HUB_ONLY, 0.0, hub_left[0], up, down)]
+    cuts = [CutCost(HUB_ONLY, 0.0, hub_left[0], up, down, remote=bool(order))]
     for position, node in enumerate(order, start=1):
         device_ms += graph.nodes[node].device_ms
         for t in read[node]:
@@ -347,7 +347,8 @@ def _prefix_table(graph: CostGraph, model: str) -> CostTable:
             up += graph.tensors[t].nbytes if outside[t] else 0
             down -= graph.tensors[t].nbytes if graph.tensors[t].output else 0
         name = DEVICE_ONLY if position == len(order) else f"after {graph.nodes[node].name}"
-        cuts.append(CutCost(name, device_ms, hub_left[position], up, down))
+        remote = position < len(order)
+        cuts.append(CutCost(name, device_ms, hub_left[position], up, down, remote=remote))
     return CostTable(model, tuple(cuts))
 
 

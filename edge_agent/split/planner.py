@@ -56,6 +56,9 @@ class CutCost:
         hub_ms: The hub's time for the tail, from the cut to the output.
         bytes_up: Bytes sent to the hub: the activation at the cut, after its codec.
         bytes_down: Bytes sent back: the result.
+        remote: Whether the hub runs part of the model; None infers it from the costs
+            (none means local). A partition with hub nodes of zero cost still pays the
+            round trip, so a cost graph says so explicitly.
 
     Raises:
         ValueError: a time or size is negative or not finite.
@@ -66,6 +69,7 @@ class CutCost:
     hub_ms: float
     bytes_up: int
     bytes_down: int
+    remote: bool | None = None
 
     def __post_init__(self) -> None:
         _check_finite("device_ms", self.device_ms)
@@ -76,6 +80,8 @@ class CutCost:
     @property
     def local(self) -> bool:
         """Whether the cut runs wholly on the device: no hub work and nothing crosses."""
+        if self.remote is not None:
+            return not self.remote
         return self.hub_ms == 0 and self.bytes_up == 0 and self.bytes_down == 0
 
 

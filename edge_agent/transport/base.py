@@ -91,6 +91,27 @@ class AgentTransport(ABC):
     async def close(self) -> None:
         """Close the connection; safe to call twice."""
 
+    async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
+        """Have the hub run the tail of a split model (or a joint pair's big model).
+
+        The hub names the device by this connection, never by the request. Not
+        abstract, so transports made before split inference still load; those
+        that serve it (gRPC, MQTT) override it.
+
+        Args:
+            request: What to run, with the tensors at the cut and a ``request_id``
+                (a resend with the same id gets the same answer, not a second run).
+            timeout_s: How long to wait for the answer.
+
+        Raises:
+            InferRefusedError: The hub refused the request (unknown skill, model or
+                cut, not entitled, malformed, over a cap, overloaded).
+            TransportError: The link failed, no answer came within ``timeout_s``,
+                the answer was over a cap, or this transport cannot carry it.
+        """
+        del request, timeout_s
+        raise TransportError(f"{type(self).__name__} does not carry split inference")
+
     async def __aenter__(self) -> AgentTransport:
         return self
 

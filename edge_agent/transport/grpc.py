@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from edge_agent.errors import TransportError
+from edge_agent.errors import InferRefusedError, TransportError
 from edge_agent.transport.base import AgentTransport, FetchAborted, FetchLimits
 from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
@@ -17,6 +17,8 @@ from protos.envelope import validate_envelope
 from protos.errors import ProtocolError
 from protos.fetch import GRPC_STATUS_NAMES, FetchErrorCode
 from protos.pem import read_pem
+from protos.topics import INFER_ERROR_CODES, INFER_REFUSALS
+from skills.tensor_codec import MAX_INFER_BYTES
 
 _CHUNK_CAP = 4 * 1024 * 1024
 _CLOSE = object()
@@ -28,6 +30,10 @@ _REFUSALS = frozenset(
         *(getattr(grpc.StatusCode, GRPC_STATUS_NAMES[c]) for c in FetchErrorCode if c.final),
     }
 )
+#: The statuses of a refused inference request, and the wire code each stands for.
+_INFER_REFUSALS = {
+    getattr(grpc.StatusCode, INFER_ERROR_CODES[code]): code for code in INFER_REFUSALS
+} | {grpc.StatusCode.UNAUTHENTICATED: "permission-denied"}
 
 
 def tls_credentials(
@@ -57,7 +63,7 @@ def channel_options() -> list[tuple[str, int]]:
     """Message caps and keepalive settings shared by every agent channel."""
     return [
         ("grpc.max_receive_message_length", max(MAX_ENVELOPE_BYTES, _CHUNK_CAP) + 1024),
-        ("grpc.max_send_message_length", MAX_ENVELOPE_BYTES + 1024),
+        ("grpc.max_send_message_length", max(MAX_ENVELOPE_BYTES, MAX_INFER_BYTES) + 1024),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
@@ -173,6 +179,46 @@ class GrpcAgentTransport(AgentTransport):
             ) from exc
         finally:
             call.cancel()
+
+    async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
+        """Run a tail on the hub with one ``InferTail`` call, its deadline ``timeout_s``.
+
+        The request carries this device's id for hubs serving without TLS (which
+        have no other way to know it); a hub serving mutual TLS ignores it and names
+        the device by its certificate.
+
+        Raises:
+            InferRefusedError: The hub refused (NOT_FOUND, PERMISSION_DENIED,
+                INVALID_ARGUMENT, RESOURCE_EXHAUSTED), or the request is over the cap.
+            TransportError: Not connected, the call failed or passed its deadline, or
+                the answer is over the cap.
+        """
+        if self._channel is None:
+            raise TransportError("not connected to the hub")
+        sent = pb.InferRequest()
+        sent.CopyFrom(request)
+        sent.device_id = self._device_id
+        if sent.ByteSize() > MAX_INFER_BYTES:
+            raise InferRefusedError(
+                f"an inference request of {sent.ByteSize()} bytes is over the "
+                f"{MAX_INFER_BYTES} byte cap",
+                "invalid-argument",
+            )
+        stub = pb_grpc.HubStub(self._channel)
+        try:
+            async with asyncio.timeout(timeout_s + 1.0):  # gRPC's own deadline comes first
+                response: pb.InferResponse = await stub.InferTail(sent, timeout=timeout_s)
+        except TimeoutError as exc:
+            raise TransportError(f"no inference answer in {timeout_s:g} s") from exc
+        except grpc.aio.AioRpcError as exc:
+            code = _INFER_REFUSALS.get(exc.code())
+            detail = f"{exc.code().name} {exc.details()}"
+            if code is not None:
+                raise InferRefusedError(str(exc.details() or exc.code().name), code) from exc
+            raise TransportError(f"inference call failed: {detail}") from exc
+        if response.ByteSize() > MAX_INFER_BYTES:
+            raise TransportError(f"an inference answer over the {MAX_INFER_BYTES} byte cap")
+        return response
 
     async def close(self) -> None:
         """End the control stream and close the channel."""

@@ -23,20 +23,30 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from google.protobuf.message import DecodeError
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edge_agent.errors import TransportError
+from edge_agent.errors import InferRefusedError, TransportError
 from edge_agent.transport.base import AgentTransport
 from edge_agent.transport.mqtt_fetch import MAX_CHUNK_BYTES, read_chunk, window_request
 from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
+from protos.fetch import MAX_CORRELATION_BYTES
 from protos.paho_loop import LeanClient, PahoLoop
-from protos.topics import STATUS_OFFLINE, STATUS_ONLINE, MqttEndpoint
+from protos.topics import (
+    ERROR_CONTENT_TYPE,
+    INFER_CONTENT_TYPE,
+    INFER_REFUSALS,
+    STATUS_OFFLINE,
+    STATUS_ONLINE,
+    MqttEndpoint,
+)
+from skills.tensor_codec import MAX_INFER_BYTES
 
 __all__ = ["MqttAgentTransport"]
 
@@ -109,6 +119,8 @@ class MqttAgentTransport(AgentTransport):
         self._incoming: asyncio.Queue[pb.Envelope | TransportError] = asyncio.Queue()
         self._waiters: dict[str, asyncio.Future[Any]] = {}
         self._fetches: dict[bytes, asyncio.Queue[tuple[str, bytes] | TransportError]] = {}
+        #: Inference requests waiting for their answer, by correlation data (request id).
+        self._infers: dict[bytes, asyncio.Future[tuple[str, bytes]]] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._welcomed = asyncio.Event()
         self._unacked: set[int] = set()
@@ -176,6 +188,9 @@ class MqttAgentTransport(AgentTransport):
         self._incoming.put_nowait(error)
         for queue in self._fetches.values():
             queue.put_nowait(error)
+        for waiting in self._infers.values():
+            if not waiting.done():
+                waiting.set_exception(error)
         for key in list(self._waiters):
             self._resolve(key, error)
         self._drained.set()
@@ -187,6 +202,13 @@ class MqttAgentTransport(AgentTransport):
                 self.dropped["stale-chunk"] += 1
             else:
                 queue.put_nowait((ctype, payload))
+            return
+        if corr is not None and topic == self._topics.down(self._device_id, "infer"):
+            answer = self._infers.get(corr)
+            if answer is None or answer.done():
+                self.dropped["stale-infer"] += 1
+            else:
+                answer.set_result((ctype, payload))
             return
         try:
             env = decode_envelope(payload)
@@ -376,6 +398,58 @@ class MqttAgentTransport(AgentTransport):
         finally:
             self._fetches.pop(corr, None)
 
+    async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
+        """Run a tail on the hub: MQTT 5 request/response on this device's ``infer`` topics.
+
+        The request goes to ``up/infer`` with response topic ``down/infer`` and the
+        request id as correlation data; the hub answers there with an
+        ``InferResponse`` (content type :data:`~protos.topics.INFER_CONTENT_TYPE`)
+        or an ``Error`` (:data:`~protos.topics.ERROR_CONTENT_TYPE`) whose code says
+        why. The broker names the device by this connection's topic.
+
+        Raises:
+            InferRefusedError: The hub refused, or the request is malformed or over the cap.
+            TransportError: Not connected or registered, the connection was lost, no
+                answer came in ``timeout_s``, or the answer is malformed or over the cap.
+        """
+        self._check_open()
+        corr = request.request_id.encode()
+        if not 0 < len(corr) <= MAX_CORRELATION_BYTES or corr in self._infers:
+            raise InferRefusedError(
+                f"an inference request needs a unique request id of 1..{MAX_CORRELATION_BYTES} "
+                "bytes",
+                "invalid-argument",
+            )
+        payload = request.SerializeToString()
+        if len(payload) > MAX_INFER_BYTES:
+            raise InferRefusedError(
+                f"an inference request of {len(payload)} bytes is over the {MAX_INFER_BYTES} "
+                "byte cap",
+                "invalid-argument",
+            )
+        answer: asyncio.Future[tuple[str, bytes]] = asyncio.get_running_loop().create_future()
+        self._infers[corr] = answer
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._welcomed.wait()  # the hub serves registered devices only
+                self._publish(
+                    self._topics.up(self._device_id, "infer"),
+                    payload,
+                    props=self._response_props("infer", corr),
+                )
+                ctype, body = await answer
+        except TimeoutError as exc:
+            raise TransportError(f"no inference answer from {self.url} in {timeout_s:g} s") from exc
+        finally:
+            self._infers.pop(corr, None)
+        return _infer_answer(ctype, body)
+
+    def _response_props(self, kind: str, corr: bytes) -> Properties:
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = self._topics.down(self._device_id, kind)
+        props.CorrelationData = corr
+        return props
+
     async def close(self) -> None:
         """Say ``offline``, disconnect and stop watching the socket; safe to call twice."""
         for task in self._tasks:
@@ -399,6 +473,30 @@ class MqttAgentTransport(AgentTransport):
         self._on_lost("closed")
         if self._io is not None:
             self._io.close()
+
+
+def _infer_answer(content_type: str, payload: bytes) -> pb.InferResponse:
+    """Read the hub's answer to an inference request.
+
+    Raises:
+        InferRefusedError: The answer is a refusal.
+        TransportError: The answer is another error, malformed or over the cap.
+    """
+    if len(payload) > MAX_INFER_BYTES:
+        raise TransportError(f"an inference answer over the {MAX_INFER_BYTES} byte cap")
+    try:
+        if content_type == INFER_CONTENT_TYPE:
+            return pb.InferResponse.FromString(payload)
+        if content_type == ERROR_CONTENT_TYPE:
+            error = pb.Error.FromString(payload)
+        else:
+            raise TransportError(f"an inference answer of type {content_type[:64]!r}")
+    except DecodeError as exc:
+        raise TransportError(f"a malformed inference answer: {exc}") from exc
+    message = error.message[:1000] or error.code[:64]
+    if error.code in INFER_REFUSALS:
+        raise InferRefusedError(message, error.code)
+    raise TransportError(f"the hub could not answer ({error.code[:64]}): {message}")
 
 
 def _tls_context(

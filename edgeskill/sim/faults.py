@@ -127,6 +127,17 @@ class FaultyTransport(AgentTransport):
             await self._lag()
             yield chunk
 
+    async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
+        """The real transport's, behind the slow link both ways.
+
+        Raises:
+            TransportError: As the real transport's.
+        """
+        await self._lag()
+        response = await self.inner.infer_tail(request, timeout_s)
+        await self._lag()
+        return response
+
     async def close(self) -> None:
         """Close the real transport; safe to call twice."""
         if self._open:

@@ -11,9 +11,11 @@ import tomli_w
 from skills.errors import ManifestError
 from skills.manifest import (
     MAX_MANIFEST_BYTES,
+    JointSpec,
     Manifest,
     ModelVariant,
     Resources,
+    SplitSpec,
     TensorSpec,
     parse_version,
 )
@@ -239,3 +241,110 @@ def test_version_order_follows_semver() -> None:
     assert parse_version("1.2.3-rc.1") == (1, 2, 3, "rc.1")
     assert parse_version("1.0.0") > parse_version("1.0.0-rc.1")
     assert parse_version("1.0.0-rc.1") <= parse_version("1.0.0")
+
+
+# -- [[split]] and [[joint]] ------------------------------------------------------------
+
+SPLIT_TOML = """
+[[split]]
+model = "classifier"
+plan = "models/classifier/split.json"
+codec = "int8"
+deadline_ms = 250
+
+[[joint]]
+small = "digits-small"
+big = "digits-big"
+measure = "margin"
+threshold = 0.2
+"""
+
+
+def split_manifest() -> Manifest:
+    text = '[skill]\nname = "a"\nversion = "0.1.0"\nentrypoint = "m:C"\n' + SPLIT_TOML
+    return Manifest.from_toml(text)
+
+
+def test_split_and_joint_tables_round_trip() -> None:
+    manifest = split_manifest()
+
+    assert manifest.splits == (
+        SplitSpec("classifier", "models/classifier/split.json", "int8", 250),
+    )
+    assert manifest.joints == (JointSpec("digits-small", "digits-big", "margin", 0.2, 1000),)
+    assert manifest.split_for("classifier") is manifest.splits[0]
+    assert manifest.split_for("digits-small") is None
+    assert manifest.joint_for("digits-small") is manifest.joints[0]
+    assert manifest.joint_for("classifier") is None
+    again = Manifest.from_toml(manifest.to_toml())
+    assert again == manifest and again.to_toml() == manifest.to_toml()
+    assert hash(again) == hash(manifest)
+
+
+def test_split_defaults() -> None:
+    spec = SplitSpec("net", "models/net/split.json")
+    joint = JointSpec("small", "big")
+    assert (spec.codec, spec.deadline_ms) == ("fp16", 1000)
+    assert (joint.measure, joint.threshold, joint.deadline_ms) == ("entropy", 0.5, 1000)
+    assert isinstance(JointSpec("s", "b", threshold=1).threshold, float)
+
+
+SPLIT_CASES: dict[str, tuple[str, str]] = {
+    "split unknown key": ('[[split]]\nmodel = "m"\nplan = "models/m/s.json"\nextra = 1', "extra"),
+    "split missing plan": ('[[split]]\nmodel = "m"', "plan"),
+    "split bad model": ('[[split]]\nmodel = "Bad Name"\nplan = "models/m/s.json"', "model"),
+    "split plan outside models": ('[[split]]\nmodel = "m"\nplan = "m/split.json"', "plan"),
+    "split plan escapes": ('[[split]]\nmodel = "m"\nplan = "models/../s.json"', "plan"),
+    "split plan not json": ('[[split]]\nmodel = "m"\nplan = "models/m/s.onnx"', "plan"),
+    "split bad codec": (
+        '[[split]]\nmodel = "m"\nplan = "models/m/s.json"\ncodec = "bf16"',
+        "codec",
+    ),
+    "split zero deadline": (
+        '[[split]]\nmodel = "m"\nplan = "models/m/s.json"\ndeadline_ms = 0',
+        "deadline_ms",
+    ),
+    "split deadline as string": (
+        '[[split]]\nmodel = "m"\nplan = "models/m/s.json"\ndeadline_ms = "5"',
+        "deadline_ms",
+    ),
+    "split twice": (
+        '[[split]]\nmodel = "m"\nplan = "models/m/s.json"\n'
+        '[[split]]\nmodel = "m"\nplan = "models/m/t.json"',
+        "twice",
+    ),
+    "joint unknown key": ('[[joint]]\nsmall = "s"\nbig = "b"\nextra = 1', "extra"),
+    "joint same models": ('[[joint]]\nsmall = "s"\nbig = "s"', "big"),
+    "joint bad measure": ('[[joint]]\nsmall = "s"\nbig = "b"\nmeasure = "vibes"', "measure"),
+    "joint negative threshold": (
+        '[[joint]]\nsmall = "s"\nbig = "b"\nthreshold = -1.0',
+        "threshold",
+    ),
+    "joint nan threshold": ('[[joint]]\nsmall = "s"\nbig = "b"\nthreshold = nan', "threshold"),
+    "joint bool threshold": ('[[joint]]\nsmall = "s"\nbig = "b"\nthreshold = true', "threshold"),
+    "joint small twice": (
+        '[[joint]]\nsmall = "s"\nbig = "b"\n[[joint]]\nsmall = "s"\nbig = "c"',
+        "twice",
+    ),
+    "split and joint": (
+        '[[split]]\nmodel = "s"\nplan = "models/s/p.json"\n[[joint]]\nsmall = "s"\nbig = "b"',
+        "both",
+    ),
+    "split not a list": ('split = "x"', "split"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT_CASES))
+def test_bad_split_and_joint_tables_are_refused(case: str) -> None:
+    body, where = SPLIT_CASES[case]
+    text = '[skill]\nname = "a"\nversion = "0.1.0"\nentrypoint = "m:C"\n' + body + "\n"
+    with pytest.raises(ManifestError, match=where):
+        Manifest.from_toml(text)
+
+
+def test_too_many_splits_are_refused() -> None:
+    specs = tuple(SplitSpec(f"m{i}", f"models/m{i}/split.json") for i in range(17))
+    with pytest.raises(ManifestError, match="split"):
+        Manifest(name="a", version="0.1.0", entrypoint="m:C", splits=specs)
+    with pytest.raises(ManifestError, match="JointSpec"):
+        Manifest(name="a", version="0.1.0", entrypoint="m:C", joints=("x",))  # type: ignore[arg-type]

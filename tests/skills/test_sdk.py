@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from skills.manifest import Manifest
-from skills.sdk import Model, Skill, SkillContext
+from skills.sdk import INFER_PATHS, InferResult, Model, Skill, SkillContext
 
 DIGITS = Path(__file__).resolve().parents[2] / "skills" / "library" / "digits"
 WEIGHTS = np.random.default_rng(11).normal(size=(64, 10)).astype(np.float32)
@@ -54,6 +54,9 @@ class Context:
 
     def emit(self, result: Mapping[str, Any]) -> None:
         self.events.append(result)
+
+    def infer(self, model: str, feeds: Mapping[str, np.ndarray]) -> InferResult:
+        return InferResult(self.model(model).run(feeds), "device")
 
 
 def load_digits_module() -> ModuleType:
@@ -188,3 +191,25 @@ def test_sdk_imports_only_numpy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_infer_result_names_its_path() -> None:
+    logits = {"logits": np.zeros((1, 10), np.float32)}
+    assert INFER_PATHS == ("device", "split", "hub", "joint-device", "joint-hub")
+    result = InferResult(logits, "split", cut="h0")
+    assert (result.path, result.cut, result.fallback, result.confidence) == (
+        "split",
+        "h0",
+        False,
+        None,
+    )
+    fallen = InferResult(logits, "device", fallback=True)
+    assert fallen.fallback and fallen.cut is None
+    with pytest.raises(ValueError, match="unknown inference path"):
+        InferResult(logits, "cloud")
+
+
+def test_a_context_with_infer_is_a_skill_context() -> None:
+    ctx: SkillContext = Context({}, LinearModel())
+    result = ctx.infer("classifier", {"image": np.zeros((1, 1, 8, 8), np.float32)})
+    assert result.path == "device" and result.outputs["logits"].shape == (1, 10)

@@ -195,3 +195,30 @@ def test_hostile_protos_are_refused() -> None:
     for protos in cases:
         with pytest.raises(TensorCodecError):
             decode_protos(protos, ["t"], limits)
+
+
+def test_protos_carry_names_and_int8_parameters_in_their_own_fields() -> None:
+    x = np.array([[-1.0, 0.0, 0.5, 3.0]], np.float32)
+    (proto,) = encode_protos({"act": x}, ["act"], "int8")
+
+    assert proto.name == "act" and proto.dtype == "int8"
+    assert len(proto.data) == x.size  # the values alone: no header in front
+    assert proto.scale == pytest.approx(4.0 / 255, rel=1e-6) and proto.zero_point == -64
+    out = decode_protos([pb.TensorProto.FromString(proto.SerializeToString())], ["act"])
+    assert np.max(np.abs(out["act"] - x)) <= proto.scale / 2 + 1e-6
+
+
+def test_named_protos_decode_by_name_in_any_order() -> None:
+    tensors = {"a": np.ones((1, 2), np.float32), "b": np.zeros((1, 3), np.float32)}
+    protos = encode_protos(tensors, ["b", "a"], "fp16")
+
+    out = decode_protos(protos, ["a", "b"])
+
+    assert list(out) == ["a", "b"]
+    assert out["a"].shape == (1, 2) and out["b"].shape == (1, 3)
+    renamed = [pb.TensorProto(name="c", dtype="float32", shape=[1], data=b"\0" * 4)]
+    with pytest.raises(TensorCodecError, match="do not match"):
+        decode_protos(renamed, ["a"])
+    half_named = [protos[0], pb.TensorProto(dtype="float16", shape=[1, 2], data=b"\0" * 4)]
+    with pytest.raises(TensorCodecError, match="do not match"):
+        decode_protos(half_named, ["a", "b"])

@@ -1,0 +1,347 @@
+"""Per-model state of split and joint inference on the agent: costs, plan, back-off.
+
+No I/O and no asyncio: the runtime (:mod:`edge_agent.split.runtime`) asks a
+route for the plan before each item, has it check and encode a tail request,
+and tells it how the request went. Time comes from a clock passed in.
+
+A :class:`SplitCoordinator` (one per skill version and split model) keeps the
+model's :class:`~edge_agent.split.planner.CostTable`: device time per segment
+from the control process's profiling run (or the plan's reference until then),
+hub time from the plan scaled by what the hub reports (``hub_ms``), the hub's
+queueing (``queue_ms``), bytes from the plan and the manifest's codec. Each
+request it plans with hysteresis on the agent's shared link estimate. A failed
+request (refused, timed out, link lost) makes it plan device-only for a back-off
+that doubles on each further failure; the first request after it is the probe.
+A :class:`JointRoute` does the same back-off for a joint pair.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_agent.split.link import LinkEstimator, RequestSample
+from edge_agent.split.planner import (
+    DEFAULT_HYSTERESIS,
+    CostTable,
+    CutCost,
+    Hysteresis,
+    plan,
+)
+from protos import pb
+from skills.errors import TensorCodecError
+from skills.tensor_codec import DEFAULT_LIMITS, CodecLimits, decode_protos, encode_protos
+
+if TYPE_CHECKING:
+    from edge_agent.split.segments import PlanLike
+    from skills.manifest import JointSpec, SplitSpec
+
+__all__ = [
+    "DEVICE",
+    "JOINT",
+    "JointRoute",
+    "Route",
+    "Shared",
+    "SplitCoordinator",
+    "SplitRefused",
+    "SplitSettings",
+]
+
+#: The plan value (and cut name) of running wholly on the device.
+DEVICE = "device"
+#: The plan value of a joint pair whose hard inputs may go to the hub.
+JOINT = "joint"
+_JOINT_CODEC = "fp32"
+_CODEC_RATIO = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
+
+
+class SplitRefused(ValueError):
+    """A tail request does not fit the skill's own plan; it never reaches the hub."""
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    """How the agent plans and backs off; conservative defaults.
+
+    Attributes:
+        backoff_first_s: Device-only time after a first failure.
+        backoff_max_s: The longest back-off (it doubles on each failed probe).
+        hysteresis: Margins that keep the current cut.
+        pessimism: Plan on the link this many deviations worse than estimated.
+        smoothing: Weight of each new hub time and queue time in their running means.
+        limits: Caps on what is encoded and decoded.
+    """
+
+    backoff_first_s: float = 1.0
+    backoff_max_s: float = 30.0
+    hysteresis: Hysteresis = DEFAULT_HYSTERESIS
+    pessimism: float = 0.0
+    smoothing: float = 0.3
+    limits: CodecLimits = field(default_factory=lambda: DEFAULT_LIMITS)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every route of one agent shares.
+
+    Attributes:
+        link: The agent's link estimator (one link to one hub).
+        lock: Guards the link and every route's state: the event loop writes them,
+            the threads waiting for items read them.
+        settings: Planning settings.
+        clock: Monotonic seconds.
+    """
+
+    link: LinkEstimator
+    lock: threading.Lock
+    settings: SplitSettings
+    clock: Callable[[], float]
+
+
+class Route:
+    """What a split model and a joint pair share: back-off, counters, link feeding.
+
+    Args:
+        skill: The skill's name.
+        version: Its version.
+        model: The model's name (a joint pair's small model).
+        deadline_ms: The manifest's deadline for the hub's answer.
+        shared: The agent's link, lock, settings and clock.
+    """
+
+    def __init__(
+        self, skill: str, version: str, model: str, deadline_ms: int, shared: Shared
+    ) -> None:
+        self.skill, self.version, self.model = skill, version, model
+        self.deadline_s = max(deadline_ms, 1) / 1000.0
+        self.link = shared.link
+        self.lock = shared.lock
+        self.settings = shared.settings
+        self.clock = shared.clock
+        self._retry_at = 0.0
+        self._wait_s = self.settings.backoff_first_s
+        #: Requests by outcome: ``ok``, ``refused``, ``timeout``, ``link``, ``bad-response``.
+        self.outcomes: dict[str, int] = {}
+
+    @property
+    def hub_model(self) -> str:
+        """The model the hub runs for this route."""
+        return self.model
+
+    @property
+    def output_names(self) -> Sequence[str]:
+        """The names to give outputs the hub did not name."""
+        return ()
+
+    def decide(self) -> str:
+        """The plan for the next request.
+
+        Raises:
+            NotImplementedError: Always; subclasses decide.
+        """
+        raise NotImplementedError
+
+    def encode(self, split: str, tensors: Mapping[str, np.ndarray]) -> list[pb.TensorProto]:
+        """Check and encode a request's tensors.
+
+        Raises:
+            NotImplementedError: Always; subclasses encode.
+        """
+        raise NotImplementedError
+
+    def hub_usable(self, now: float) -> bool:
+        """Whether the hub may be asked now (no back-off running)."""
+        return now >= self._retry_at
+
+    def succeeded(self, sample: RequestSample) -> None:
+        """A request was answered: learn the link, end any back-off."""
+        with self.lock:
+            self.link.observe(sample)
+            self._wait_s = self.settings.backoff_first_s
+            self._retry_at = 0.0
+            self.outcomes["ok"] = self.outcomes.get("ok", 0) + 1
+
+    def failed(self, kind: str, sample: RequestSample | None = None) -> None:
+        """A request failed (``kind``): back off; a timed-out one still says the link is slow."""
+        with self.lock:
+            if sample is not None:
+                self.link.observe(sample)
+            self._retry_at = self.clock() + self._wait_s
+            self._wait_s = min(self._wait_s * 2, self.settings.backoff_max_s)
+            self.outcomes[kind] = self.outcomes.get(kind, 0) + 1
+
+    def decode(self, response: pb.InferResponse, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The hub's outputs by name (its names when it gave them, else ``names``).
+
+        Raises:
+            TensorCodecError: The outputs do not decode or break a cap.
+        """
+        given = [proto.name for proto in response.outputs]
+        if all(given) and len(set(given)) == len(given):
+            names = given
+        elif len(names) != len(given):
+            raise TensorCodecError(f"{len(given)} outputs came back, {len(names)} expected")
+        return decode_protos(list(response.outputs), list(names), self.settings.limits)
+
+
+class SplitCoordinator(Route):
+    """Plans the cut of one split model and prices it from what it learns.
+
+    Args:
+        skill: The skill's name.
+        version: Its version.
+        spec: The model's ``[[split]]`` section.
+        split_plan: Its ``split.json``.
+        shared: The agent's link, lock, settings and clock.
+    """
+
+    def __init__(
+        self, skill: str, version: str, spec: SplitSpec, split_plan: PlanLike, shared: Shared
+    ) -> None:
+        super().__init__(skill, version, spec.model, spec.deadline_ms, shared)
+        self.codec = spec.codec
+        self.plan = split_plan
+        count = len(split_plan.segments)
+        self._hub = _per_segment(split_plan.hub_ms, count)
+        self._device = _per_segment(split_plan.device_ms or split_plan.hub_ms, count)
+        self.profiled = False
+        self.hub_scale = 1.0
+        self.queue_ms = 0.0
+        self.current: int | None = None
+        self._cuts = sorted(split_plan.cuts, key=lambda c: c.after)
+
+    @property
+    def output_names(self) -> Sequence[str]:
+        """The model's outputs, in the plan's order."""
+        return self.plan.output_names
+
+    def set_profile(self, segment_ms: Sequence[float]) -> None:
+        """Use the device's own per-segment times (ms) from now on.
+
+        Raises:
+            ValueError: Not one time per segment.
+        """
+        if len(segment_ms) != len(self._device):
+            raise ValueError(f"{len(segment_ms)} times for {len(self._device)} segments")
+        with self.lock:
+            self._device = tuple(float(t) for t in segment_ms)
+            self.profiled = True
+
+    def table(self) -> CostTable:
+        """The candidate cuts as priced now, hub-only first, device-only last."""
+        ratio = _CODEC_RATIO.get(self.codec, 1.0)
+        cuts = [
+            CutCost(
+                name=cut.name,
+                device_ms=sum(self._device[: cut.after + 1]),
+                hub_ms=sum(self._hub[cut.after + 1 :]) * self.hub_scale,
+                bytes_up=int(cut.nbytes * ratio) + 8 * len(cut.tensors),
+                bytes_down=self.plan.output_bytes,
+                remote=True,
+            )
+            for cut in self._cuts
+        ]
+        cuts.append(CutCost(DEVICE, sum(self._device), 0.0, 0, 0, remote=False))
+        return CostTable(self.model, tuple(cuts))
+
+    def decide(self) -> str:
+        """The cut for the next request (hysteresis against the last one), or ``device``."""
+        with self.lock:
+            table = self.table()
+            link = self.link.estimate().pessimistic(self.settings.pessimism)
+            decision = plan(
+                table,
+                link,
+                self.queue_ms,
+                current=self.current,
+                hysteresis=self.settings.hysteresis,
+                hub_reachable=self.hub_usable(self.clock()),
+            )
+            self.current = decision.cut
+            return table.cuts[decision.cut].name
+
+    def encode(self, split: str, tensors: Mapping[str, np.ndarray]) -> list[pb.TensorProto]:
+        """Check the tensors against cut ``split`` and encode them with the manifest's codec.
+
+        Raises:
+            SplitRefused: No such cut, other tensors than the cut's, or over a cap.
+        """
+        cut = next((c for c in self._cuts if c.name == split), None)
+        if cut is None:
+            raise SplitRefused(f"model {self.model!r} has no cut {split[:64]!r}")
+        try:
+            protos = encode_protos(tensors, list(cut.tensors), self.codec, self.settings.limits)
+        except TensorCodecError as exc:
+            raise SplitRefused(f"cut {split!r}: {exc}") from exc
+        for proto, name in zip(protos, cut.tensors, strict=True):
+            proto.name = name
+        return protos
+
+    def learn_hub(self, split: str, hub_ms: float, queue_ms: float) -> None:
+        """Fold the hub's reported times for a tail from ``split`` into the table."""
+        cut = next((c for c in self._cuts if c.name == split), None)
+        weight = self.settings.smoothing
+        with self.lock:
+            if math.isfinite(queue_ms) and queue_ms >= 0:
+                self.queue_ms += weight * (queue_ms - self.queue_ms)
+            expected = sum(self._hub[cut.after + 1 :]) if cut is not None else 0.0
+            if expected > 0 and math.isfinite(hub_ms) and hub_ms > 0:
+                ratio = min(max(hub_ms / expected, 0.05), 100.0)
+                self.hub_scale += weight * (ratio - self.hub_scale)
+
+    def cut_index(self) -> int:
+        """The index of the current cut in :meth:`table` (device-only until planned)."""
+        return len(self._cuts) if self.current is None else self.current
+
+
+class JointRoute(Route):
+    """Whether a joint pair's hard inputs may go to the hub now.
+
+    Args:
+        skill: The skill's name.
+        version: Its version.
+        spec: The pair's ``[[joint]]`` section.
+        shared: The agent's link, lock, settings and clock.
+    """
+
+    def __init__(self, skill: str, version: str, spec: JointSpec, shared: Shared) -> None:
+        super().__init__(skill, version, spec.small, spec.deadline_ms, shared)
+        self.big = spec.big
+
+    @property
+    def hub_model(self) -> str:
+        """The pair's big model, which the hub runs."""
+        return self.big
+
+    def decide(self) -> str:
+        """``joint`` while the hub may be asked, ``device`` during a back-off."""
+        with self.lock:
+            return JOINT if self.hub_usable(self.clock()) else DEVICE
+
+    def encode(self, split: str, tensors: Mapping[str, np.ndarray]) -> list[pb.TensorProto]:
+        """Encode the small model's input for the hub's big model.
+
+        Raises:
+            SplitRefused: ``split`` is not ``joint``, or the tensors break a cap.
+        """
+        if split != JOINT:
+            raise SplitRefused(f"model {self.model!r} is a joint model; it has no cut {split!r}")
+        names = sorted(tensors)
+        try:
+            protos = encode_protos(tensors, names, _JOINT_CODEC, self.settings.limits)
+        except TensorCodecError as exc:
+            raise SplitRefused(f"joint input: {exc}") from exc
+        for proto, name in zip(protos, names, strict=True):
+            proto.name = name
+        return protos
+
+
+def _per_segment(times: Sequence[float], count: int) -> tuple[float, ...]:
+    """``times`` as one finite time per segment (zeros where missing or bad)."""
+    values = [float(t) if math.isfinite(t) and t >= 0 else 0.0 for t in times][:count]
+    return (*values, *([0.0] * (count - len(values))))
