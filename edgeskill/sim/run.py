@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,16 +170,32 @@ def run_sim(settings: SimSettings, console: Console) -> int:
     work = settings.workdir or Path(tempfile.mkdtemp(prefix="edgeskill-sim-"))
     work.mkdir(parents=True, exist_ok=True)
     ok = False
+    # SIGTERM (a timeout, a batch scheduler) unwinds like Ctrl-C, so the hub and the
+    # worker processes are stopped rather than left running without their parent.
+    previous = _on_sigterm_exit()
     try:
         service = service or open_home(settings, work)
         with service:
             ok = _simulate(settings, service, work, console)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if settings.workdir is None and ok:
             shutil.rmtree(work, ignore_errors=True)
         else:
             console.print(f"state and logs in {work}")
     return 0 if ok else 1
+
+
+def _on_sigterm_exit() -> Any:
+    """Make SIGTERM raise SystemExit(143) in the main thread; the previous handler, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(_signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    return signal.signal(signal.SIGTERM, terminated)
 
 
 def _simulate(settings: SimSettings, service: FleetService, work: Path, console: Console) -> bool:

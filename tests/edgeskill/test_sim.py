@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from typer.testing import CliRunner
 from edge_agent.errors import HealthCheckError, SandboxError, TransportError
 from edge_agent.sandbox import SkillItemError
 from edgeskill.cli import app
+from edgeskill.processes import wait_until
 from edgeskill.sim.faults import FaultCounters, FaultyTransport
 from edgeskill.sim.params import (
     SimSettings,
@@ -156,6 +158,44 @@ def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good
     assert (rows["6.0.0"]["devices_running"], rows["6.0.0"]["failed_installs"]) == (198, 2)
     assert rows["1.0.0"]["devices_running"] == 2  # the two whose install of 6.0.0 failed
     assert "3.0.0: rolled_back after moving 40 device(s): gate failed: accuracy" in result.stdout
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of the processes whose command line contains ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> None:
+    # A timeout or a scheduler ends the simulator with SIGTERM: its hub and worker
+    # processes (all started with the work folder on their command line) must go too.
+    work = tmp_path / "work"
+    argv = [sys.executable, "-m", "edgeskill.cli", "sim", "--devices", "4", "--procs", "2"]
+    argv += ["--insecure", "--deploy", "1.0.0", "--soak", "300", "--workdir", str(work)]
+    sim = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        # running: the hub and both workers are up (their command lines name the folder)
+        wait_until(lambda: len(_processes_naming(str(work))) >= 3, 120, "hub and workers up")
+        sim.send_signal(signal.SIGTERM)
+        assert sim.wait(timeout=60) == 128 + signal.SIGTERM
+        wait_until(lambda: not _processes_naming(str(work)), 30, "hub and workers gone")
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
 
 
 @pytest.mark.parametrize(
