@@ -242,6 +242,7 @@ def _session(data: bytes, threads: int) -> Any:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads > 0:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])

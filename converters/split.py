@@ -364,6 +364,7 @@ def open_segments(pieces: Sequence[Segment]) -> list[ort.InferenceSession]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sessions = []
     for index, piece in enumerate(pieces):
         try:

@@ -195,14 +195,33 @@ def demo(
     workdir: Annotated[
         Path | None, typer.Option(help="Folder for demo state; default a fresh temp dir.")
     ] = None,
+    split: Annotated[
+        bool,
+        typer.Option(
+            "--split",
+            help="Split inference instead: one agent behind an emulated link; the cut follows it.",
+        ),
+    ] = False,
 ) -> None:
     """Hub + three agents end to end: train, sign, deploy to cameras, classify, report.
+
+    With --split: a hub and one agent (gRPC) whose link is emulated; the agent
+    classifies photos with EfficientNet-Lite0 split between device and hub, the
+    link changes, and a table shows the cut the agent chose in each phase.
 
     Examples:
       edgeskill demo
       edgeskill demo --transport mqtt
       edgeskill demo --keep --workdir demo-state
+      edgeskill demo --split
     """
+    if split:
+        if keep or transport != "grpc":
+            print_error("--split runs over gRPC and stops when done (no --keep, no --transport)")
+            raise typer.Exit(2)
+        from edgeskill.demo_split import run_split_demo  # noqa: PLC0415
+
+        raise typer.Exit(run_split_demo(console, workdir=workdir))
     from edgeskill.demo import run_demo  # noqa: PLC0415
 
     raise typer.Exit(run_demo(console, keep=keep, transport=transport, workdir=workdir))

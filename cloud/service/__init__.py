@@ -26,6 +26,7 @@ from cloud.service.views import (
     SkillStateView,
     SkillVersionView,
     TelemetrySummaryView,
+    TelemetryWindowView,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "SkillVersionView",
     "TelemetryService",
     "TelemetrySummaryView",
+    "TelemetryWindowView",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloud.service.views import TelemetrySummaryView
+from cloud.service.views import TelemetrySummaryView, TelemetryWindowView
 from cloud.store import Store
 
 __all__ = ["TelemetryService"]
@@ -33,3 +33,17 @@ class TelemetryService:
         for s in self._store.telemetry_summary():
             totals[s.device_id] = totals.get(s.device_id, 0) + s.inferences
         return totals
+
+    def windows(
+        self, device_id: str | None = None, skill: str | None = None, *, limit: int = 10_000
+    ) -> list[TelemetryWindowView]:
+        """The latest ``limit`` telemetry windows (of a device and/or skill), oldest first.
+
+        Each window carries its metrics map: split inference's paths, fallbacks and
+        the agent's current cut among them.
+
+        Raises:
+            ValidationError: ``limit`` is not in 1..100000.
+            StoreError: The store failed.
+        """
+        return self._store.telemetry_for(device_id, skill, limit=limit)

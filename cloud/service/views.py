@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cloud.store.records import DeviceSkillSummary, EventRecord
+from cloud.store.records import DeviceSkillSummary, EventRecord, TelemetryRecord
 
 __all__ = [
     "DeploymentStatusView",
@@ -24,6 +24,7 @@ __all__ = [
     "SkillStateView",
     "SkillVersionView",
     "TelemetrySummaryView",
+    "TelemetryWindowView",
 ]
 
 
@@ -141,6 +142,10 @@ class RolloutView:
 #: Telemetry of one skill on one device, summed over every window: already a frozen
 #: record the store computes, so the service hands it out as it is.
 TelemetrySummaryView = DeviceSkillSummary
+
+#: One telemetry window of one skill on one device, with its metrics map: already a
+#: frozen record, handed out as it is.
+TelemetryWindowView = TelemetryRecord
 
 
 #: One entry of the hub's event log: already a frozen record, handed out as it is.

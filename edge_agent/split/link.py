@@ -24,7 +24,8 @@ followed alike). With the defaults and requests every 50 ms, a ×10 bandwidth
 change is followed to within ~10 % in under a second of traffic. Every estimate
 stays inside a floor and a ceiling.
 
-Without pings or small requests the RTT stays at its prior and a change of RTT
+Without pings or small requests the RTT can only fall, when a request takes
+less time than the RTT estimate (it bounds the RTT); otherwise a change of RTT
 shows up as a change of bandwidth: the time of requests of the usual size is
 still right, but a cut that sends much more or much less is mispriced, so feed
 the agent's pings (heartbeats, acknowledgements) when it has them. Requests
@@ -182,8 +183,42 @@ class LinkEstimator:
         if size <= self._config.small_bytes:
             self._add_rtt(sample.end, network - 1000.0 * size / current.bandwidth_bps)
             return
+        if network < current.rtt_ms:
+            # Faster than the RTT estimate: that estimate (the prior, say) is too high, and
+            # this request's time bounds the RTT. Without pings nothing else would lower it.
+            self._add_rtt(sample.end, network)
         transfer = max(network - current.rtt_ms, self._config.min_transfer_share * network)
         self._add_bandwidth(sample.end, size / (transfer / 1000.0))
+
+    def observe_timeout(self, sample: RequestSample) -> None:
+        """Learn from a request that had not finished by ``sample.end`` (its deadline).
+
+        Its reading is an upper bound: the link is at most this fast. A bound
+        above the estimate says nothing new and is ignored. A bound below it
+        means the estimate is wrong now (the link got slower than every sample
+        in the window), so the bandwidth filter starts again from the bound
+        rather than treating it as a lone outlier the trimmed mean would drop:
+        otherwise an agent would have to time out half a window of requests,
+        each after a growing back-off, before it stopped sending the cut that
+        no longer fits the link.
+        """
+        current = self.estimate()
+        size = sample.bytes_up + sample.bytes_down
+        network = max(sample.network_ms, self._config.min_rtt_ms)
+        if size <= self._config.small_bytes:
+            return  # a small request says nothing about the bandwidth
+        transfer = max(network - current.rtt_ms, self._config.min_transfer_share * network)
+        bound = size / (transfer / 1000.0)
+        if bound >= current.bandwidth_bps:
+            return
+        cfg = self._config
+        self._log_bandwidth = _Tracker(
+            math.log(min(max(bound, cfg.min_bandwidth_bps), cfg.max_bandwidth_bps)),
+            cfg.window,
+            cfg.time_constant_s,
+        )
+        self._log_bandwidth.update(sample.end, self._log_bandwidth.value)
+        self.bandwidth_samples += 1
 
     def observe_rtt(self, now: float, rtt_ms: float) -> None:
         """Learn from a round trip of a message too small to take transfer time (a ping).

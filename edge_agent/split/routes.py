@@ -72,6 +72,9 @@ class SplitSettings:
         backoff_first_s: Device-only time after a first failure.
         backoff_max_s: The longest back-off (it doubles on each failed probe).
         hysteresis: Margins that keep the current cut.
+        probe_interval_s: While the plan is device-only with the hub usable, one request
+            this often goes to the cheapest remote cut anyway, so that the link estimate
+            (learned only from requests) sees the link get better again.
         pessimism: Plan on the link this many deviations worse than estimated.
         smoothing: Weight of each new hub time and queue time in their running means.
         limits: Caps on what is encoded and decoded.
@@ -80,6 +83,7 @@ class SplitSettings:
     backoff_first_s: float = 1.0
     backoff_max_s: float = 30.0
     hysteresis: Hysteresis = DEFAULT_HYSTERESIS
+    probe_interval_s: float = 1.0
     pessimism: float = 0.0
     smoothing: float = 0.3
     limits: CodecLimits = field(default_factory=lambda: DEFAULT_LIMITS)
@@ -125,6 +129,8 @@ class Route:
         self.clock = shared.clock
         self._retry_at = 0.0
         self._wait_s = self.settings.backoff_first_s
+        #: When the hub last answered or failed a request (the link was last measured).
+        self.last_contact: float | None = None
         #: Requests by outcome: ``ok``, ``refused``, ``timeout``, ``link``, ``bad-response``.
         self.outcomes: dict[str, int] = {}
 
@@ -164,14 +170,16 @@ class Route:
             self.link.observe(sample)
             self._wait_s = self.settings.backoff_first_s
             self._retry_at = 0.0
+            self.last_contact = self.clock()
             self.outcomes["ok"] = self.outcomes.get("ok", 0) + 1
 
     def failed(self, kind: str, sample: RequestSample | None = None) -> None:
         """A request failed (``kind``): back off; a timed-out one still says the link is slow."""
         with self.lock:
-            if sample is not None:
-                self.link.observe(sample)
-            self._retry_at = self.clock() + self._wait_s
+            if sample is not None:  # it timed out: the link is at most this fast
+                self.link.observe_timeout(sample)
+            self.last_contact = self.clock()
+            self._retry_at = self.last_contact + self._wait_s
             self._wait_s = min(self._wait_s * 2, self.settings.backoff_max_s)
             self.outcomes[kind] = self.outcomes.get(kind, 0) + 1
 
@@ -214,6 +222,9 @@ class SplitCoordinator(Route):
         self.queue_ms = 0.0
         self.current: int | None = None
         self._cuts = sorted(split_plan.cuts, key=lambda c: c.after)
+        self._last_remote: float | None = None
+        #: Requests sent to a remote cut only to re-measure the link (see ``probe_interval_s``).
+        self.probes = 0
 
     @property
     def output_names(self) -> Sequence[str]:
@@ -250,20 +261,37 @@ class SplitCoordinator(Route):
         return CostTable(self.model, tuple(cuts))
 
     def decide(self) -> str:
-        """The cut for the next request (hysteresis against the last one), or ``device``."""
+        """The cut for the next request (hysteresis against the last one), or ``device``.
+
+        When the plan is device-only because of the link (not a back-off), a probe
+        goes to the cheapest remote cut once per ``probe_interval_s``: with no
+        request the link estimate would never learn that the link got better. The
+        probe does not become the current cut.
+        """
         with self.lock:
+            now = self.clock()
             table = self.table()
             link = self.link.estimate().pessimistic(self.settings.pessimism)
+            usable = self.hub_usable(now)
             decision = plan(
                 table,
                 link,
                 self.queue_ms,
                 current=self.current,
                 hysteresis=self.settings.hysteresis,
-                hub_reachable=self.hub_usable(self.clock()),
+                hub_reachable=usable,
             )
             self.current = decision.cut
-            return table.cuts[decision.cut].name
+            chosen = decision.cut
+            if table.cuts[chosen].local and usable and len(table.cuts) > 1:
+                last = max(self._last_remote or -math.inf, self.last_contact or -math.inf)
+                if now - last >= self.settings.probe_interval_s:
+                    remote = range(len(table.cuts) - 1)
+                    chosen = min(remote, key=lambda i: decision.estimates[i].total_ms)
+                    self.probes += 1
+            if not table.cuts[chosen].local or self._last_remote is None:
+                self._last_remote = now
+            return table.cuts[chosen].name
 
     def encode(self, split: str, tensors: Mapping[str, np.ndarray]) -> list[pb.TensorProto]:
         """Check the tensors against cut ``split`` and encode them with the manifest's codec.

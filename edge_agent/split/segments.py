@@ -125,6 +125,7 @@ class SegmentRunner:
         self.slowdown = slowdown
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = _providers(target, ort.get_available_providers())
         top = root.resolve()
         self._sessions: list[Any] = []
