@@ -72,7 +72,7 @@ def _builtin_skill(name: str) -> Path:
     library = Path(skills.__file__).resolve().parent / "library"
     known = sorted(p.name for p in library.iterdir() if (p / "skill.toml").is_file())
     if name not in known:
-        print_error(f"no built-in skill {name!r}; there is: {', '.join(known)}")
+        print_error(f"no built-in skill {name!r}; the built-in skills are: {', '.join(known)}")
         raise typer.Exit(2)
     return library / name
 

@@ -202,7 +202,10 @@ def test_skill_new_copies_a_builtin_skill_out_of_the_package(
             ["skill", "new", "my-digits"],
             "my-digits already exists; give a new folder for the skill",
         ),
-        (["skill", "new", "other", "--from", "nope"], "no built-in skill 'nope'; there is: digits"),
+        (
+            ["skill", "new", "other", "--from", "nope"],
+            "no built-in skill 'nope'; the built-in skills are: digits, imagenet",
+        ),
         (["skill", "new", "missing/other"], "cannot create missing/other: missing is not a folder"),
     ],
 )
