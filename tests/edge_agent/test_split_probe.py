@@ -10,45 +10,22 @@ than the RTT estimate bounds the RTT (there are no pings to learn it from).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import pytest
 
 from edge_agent.split.link import LinkEstimator, RequestSample
 from edge_agent.split.routes import Shared, SplitCoordinator, SplitSettings
 from skills.manifest import SplitSpec
+from tests.fakes.split_plans import three_segment_plan
 
-
-@dataclass(frozen=True)
-class _Seg:
-    file: str
-    inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Cut:
-    name: str
-    after: int
-    tensors: tuple[str, ...]
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class _Plan:
-    model: str = "net"
-    input_names: tuple[str, ...] = ("x",)
-    output_names: tuple[str, ...] = ("y",)
-    input_bytes: int = 600_000
-    output_bytes: int = 4_000
-    segments: tuple[_Seg, ...] = (_Seg("a"), _Seg("b"), _Seg("c"))
-    cuts: tuple[_Cut, ...] = (
-        _Cut("input", -1, ("x",), 600_000),
-        _Cut("mid", 0, ("m",), 120_000),
-        _Cut("late", 1, ("l",), 5_000),
-    )
-    hub_ms: tuple[float, ...] = (5.0, 5.0, 5.0)
-    device_ms: tuple[float, ...] = (40.0, 40.0, 40.0)
+PLAN = three_segment_plan(
+    input_bytes=600_000,
+    output_bytes=4_000,
+    mid_bytes=120_000,
+    late_bytes=5_000,
+    hub_ms=5.0,
+    device_ms=40.0,
+)
 
 
 class _Clock:
@@ -63,14 +40,14 @@ def _route(clock: _Clock, interval_s: float = 1.0) -> SplitCoordinator:
     settings = SplitSettings(probe_interval_s=interval_s)
     shared = Shared(LinkEstimator(), threading.Lock(), settings, clock)
     spec = SplitSpec(model="net", plan="models/net/split.json", codec="fp32", deadline_ms=1000)
-    return SplitCoordinator("s", "1.0.0", spec, _Plan(), shared)  # type: ignore[arg-type]
+    return SplitCoordinator("s", "1.0.0", spec, PLAN, shared)
 
 
 def _answer(
     route: SplitCoordinator, clock: _Clock, cut: str, bandwidth: float, rtt_ms: float
 ) -> None:
     """The hub answers a request from ``cut`` over a link of ``bandwidth`` bytes/s."""
-    nbytes = next(c.nbytes for c in _Plan.cuts if c.name == cut)
+    nbytes = next(c.nbytes for c in PLAN.cuts if c.name == cut)
     took = rtt_ms / 1000 + (nbytes + 4_000) / bandwidth
     clock.now += took
     route.succeeded(RequestSample(clock.now - took, clock.now, nbytes, 4_000))

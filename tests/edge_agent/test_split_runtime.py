@@ -30,6 +30,7 @@ from edge_agent.workload import WindowStats
 from skills.manifest import JointSpec, Manifest, SplitSpec
 from skills.split_plan import SplitPlan
 from tests.fakes.split_hub import WEIGHTS, LocalTailHub, reference, write_split_model
+from tests.fakes.split_plans import three_segment_plan
 
 X = np.random.default_rng(5).normal(size=(1, 16)).astype(np.float32)
 
@@ -37,36 +38,14 @@ X = np.random.default_rng(5).normal(size=(1, 16)).astype(np.float32)
 # -- the coordinator: costs and plan ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Seg:
-    file: str
-    inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Cut:
-    name: str
-    after: int
-    tensors: tuple[str, ...]
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class _Plan:
-    model: str = "net"
-    input_names: tuple[str, ...] = ("x",)
-    output_names: tuple[str, ...] = ("y",)
-    input_bytes: int = 1_000_000
-    output_bytes: int = 40
-    segments: tuple[_Seg, ...] = (_Seg("a"), _Seg("b"), _Seg("c"))
-    cuts: tuple[_Cut, ...] = (
-        _Cut("input", -1, ("x",), 1_000_000),
-        _Cut("mid", 0, ("m",), 60_000),
-        _Cut("late", 1, ("l",), 4_000),
-    )
-    hub_ms: tuple[float, ...] = (0.5, 0.5, 0.5)
-    device_ms: tuple[float, ...] = (0.1, 0.1, 0.1)
+PLAN = three_segment_plan(
+    input_bytes=1_000_000,
+    output_bytes=40,
+    mid_bytes=60_000,
+    late_bytes=4_000,
+    hub_ms=0.5,
+    device_ms=0.1,
+)
 
 
 class _Clock:
@@ -82,7 +61,7 @@ def _coordinator(
 ) -> SplitCoordinator:
     shared = Shared(link or LinkEstimator(), threading.Lock(), SplitSettings(), clock)
     spec = SplitSpec(model="net", plan="models/net/split.json", codec=codec, deadline_ms=500)
-    return SplitCoordinator("s", "1.0.0", spec, _Plan(), shared)  # type: ignore[arg-type]
+    return SplitCoordinator("s", "1.0.0", spec, PLAN, shared)
 
 
 def _traffic(route: SplitCoordinator, clock: _Clock, bandwidth: float, rtt_ms: float) -> None:
