@@ -5,7 +5,9 @@ the device their connection names (never the request's ``device_id``). The
 server
 
 1. checks the request's fields (names, lengths, the tensor count) and that its
-   deadline has not passed;
+   deadline has not passed; a ``ping`` (no tensors) is answered here, empty, so
+   the agent can time the round trip of its link (the transport has already
+   checked that the device is registered);
 2. answers a resend (same device, same ``request_id``, within ``dedupe_s``)
    with the first request's answer, without running it again;
 3. asks the core whether the device is entitled to the skill version (it is in
@@ -45,6 +47,7 @@ from cloud.tail_models import TailLoadError, TailModel, TamperedBundleError, loa
 from protos import pb
 from skills.errors import ManifestError, TensorCodecError
 from skills.manifest import parse_version
+from skills.split_plan import PING
 from skills.tensor_codec import WIRE_LIMITS, CodecLimits, decode_protos, encode_protos
 from skills.trust import TrustRepository
 
@@ -150,6 +153,11 @@ class TailServer:
             StoreError: The store failed while checking the entitlement.
         """
         _check_request(request, self.settings)
+        if request.split == PING:  # the agent timing the link: no model, no store
+            if request.inputs:
+                raise self._refuse("invalid-argument", f"a {PING!r} request carries no tensors")
+            self.counts["ping"] += 1
+            return pb.InferResponse(request_id=request.request_id)
         budget_ms = request.deadline_ms or self.settings.default_deadline_ms
         budget_s = min(budget_ms, self.settings.max_deadline_ms) / 1000.0
         if deadline_s is not None:

@@ -205,6 +205,7 @@ class Agent:
             self._telemetry_loop,
             self._events_loop,
             self._refresh_loop,
+            self.splits.ping_forever,
         ]
         bind = self.config.metrics_bind
         metrics = start_agent_metrics(self, bind) if bind else None

@@ -44,6 +44,7 @@ __all__ = [
     "HUB_ONLY",
     "MAX_PLAN_BYTES",
     "MAX_SEGMENTS",
+    "PING",
     "CutInfo",
     "SegmentInfo",
     "SplitPlan",
@@ -52,6 +53,9 @@ __all__ = [
 
 #: The implicit cut that sends the model's inputs: the hub runs everything.
 HUB_ONLY = "input"
+#: Not a cut: an ``InferRequest`` with this split and no tensors asks the hub for an
+#: empty answer at once, so the agent can time the link's round trip.
+PING = "ping"
 MAX_SEGMENTS = 256
 MAX_NAME_CHARS = 256
 MAX_TENSORS = 64
@@ -371,4 +375,6 @@ def _cuts(
     names = [HUB_ONLY, *(c.name for c in cuts)]
     if len(set(names)) != len(names):
         raise _fail("cuts", f"names repeat (or a middle cut is called {HUB_ONLY!r})")
+    if PING in names:
+        raise _fail("cuts", f"{PING!r} is reserved for the agent's round-trip pings")
     return (hub_only, *cuts)

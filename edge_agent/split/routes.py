@@ -75,6 +75,9 @@ class SplitSettings:
         probe_interval_s: While the plan is device-only with the hub usable, one request
             this often goes to the cheapest remote cut anyway, so that the link estimate
             (learned only from requests) sees the link get better again.
+        ping_interval_s: While a skill has split or joint models, the agent times a
+            ping to the hub this often (the RTT estimate's own samples).
+        ping_timeout_s: A ping not answered within this long is forgotten.
         pessimism: Plan on the link this many deviations worse than estimated.
         smoothing: Weight of each new hub time and queue time in their running means.
         limits: Caps on what is encoded and decoded.
@@ -84,6 +87,8 @@ class SplitSettings:
     backoff_max_s: float = 30.0
     hysteresis: Hysteresis = DEFAULT_HYSTERESIS
     probe_interval_s: float = 1.0
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 2.0
     pessimism: float = 0.0
     smoothing: float = 0.3
     limits: CodecLimits = field(default_factory=lambda: DEFAULT_LIMITS)

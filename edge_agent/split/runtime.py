@@ -47,6 +47,7 @@ from edge_agent.split.routes import (
 )
 from protos import pb
 from skills.errors import TensorCodecError
+from skills.split_plan import PING
 
 if TYPE_CHECKING:
     from edge_agent.sandbox.process import SkillProcess
@@ -223,6 +224,59 @@ class SplitRuntime:
         """
         with self._shared.lock:
             self.link.observe_rtt(now, rtt_ms)
+
+    async def ping_forever(self) -> None:
+        """Time a ping every ``ping_interval_s`` while a skill splits; the agent's module.
+
+        Requests alone leave the RTT unknown: a large one mixes it with the
+        transfer, and a device-only plan sends none. The ping is answered by the
+        hub at once, over the same connection as the tails.
+        """
+        while True:
+            await asyncio.sleep(self._shared.settings.ping_interval_s)
+            await self.ping()
+
+    async def ping(self) -> float | None:
+        """Time one ping to the hub and feed it to the link estimate.
+
+        Returns:
+            The round trip in ms, or None when no skill splits, the hub is not
+            connected, or the ping failed (the tail requests learn of a bad link).
+        """
+        transport, target = self._transport(), self._ping_target()
+        if transport is None or target is None:
+            return None
+        skill, version, model = target
+        timeout_s = self._shared.settings.ping_timeout_s
+        message = pb.InferRequest(
+            model=model,
+            split=PING,
+            skill=skill,
+            version=version,
+            request_id=uuid.uuid4().hex,
+            deadline_ms=int(timeout_s * 1000),
+        )
+        clock = self._shared.clock
+        started = clock()
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await transport.infer_tail(message, timeout_s)
+        except (TimeoutError, TransportError) as exc:
+            log.debug("ping to the hub failed: %s", exc)
+            return None
+        ended = clock()
+        if response.request_id != message.request_id:
+            return None
+        rtt_ms = (ended - started) * 1000.0
+        self.observe_rtt(ended, rtt_ms)
+        return rtt_ms
+
+    def _ping_target(self) -> tuple[str, str, str] | None:
+        """A skill version and model to name in a ping (the hub checks the names' form)."""
+        for broker in self.brokers.values():
+            for route in (*broker.splits.values(), *broker.joints.values()):
+                return broker.skill, broker.version, route.hub_model
+        return None
 
     async def send(self, route: Route, message: pb.InferRequest, budget_s: float) -> TailAnswer:
         """Run one tail request on the hub and learn from how it went; never raises."""

@@ -250,6 +250,38 @@ def test_hub_failures_are_answers_and_back_off(tmp_path: Path, mode: str, kind: 
     assert len(hub.requests) == 1  # the back-off kept the second one off the hub
 
 
+def test_pings_time_the_round_trip_and_teach_the_link_its_rtt(tmp_path: Path) -> None:
+    hub = LocalTailHub(mode="slow", delay_s=0.08)
+    skill_dir, manifest = _skill(tmp_path)
+    hub.plan_path = skill_dir / "models" / "chain" / "split.json"
+
+    async def main() -> tuple[float | None, float | None, list[float]]:
+        runtime = SplitRuntime(lambda: hub, link=_fast_link())
+        before = await runtime.ping()  # no skill splits yet: nothing to name, nothing sent
+        runtime.attach("probe", "1.0.0", _Proc(skill_dir, manifest))  # type: ignore[arg-type]
+        rtts = [await runtime.ping() for _ in range(8)]
+        return before, runtime.link.estimate().rtt_ms, [r for r in rtts if r is not None]
+
+    before, learned, rtts = asyncio.run(main())
+    assert before is None
+    assert len(rtts) == 8 and min(rtts) >= 80.0
+    assert learned is not None and learned >= 70.0  # from the 0.05 ms prior
+    assert {(r.split, len(r.inputs), r.skill) for r in hub.requests} == {("ping", 0, "probe")}
+
+
+def test_a_failed_ping_teaches_nothing(tmp_path: Path) -> None:
+    hub = LocalTailHub(mode="drop")
+    skill_dir, manifest = _skill(tmp_path)
+
+    async def main() -> tuple[float | None, float]:
+        runtime = SplitRuntime(lambda: hub, link=_fast_link())
+        runtime.attach("probe", "1.0.0", _Proc(skill_dir, manifest))  # type: ignore[arg-type]
+        return await runtime.ping(), runtime.link.estimate().rtt_ms
+
+    rtt, learned = asyncio.run(main())
+    assert rtt is None and learned == pytest.approx(0.05)
+
+
 def test_a_hub_that_hangs_is_cut_off_at_the_deadline(tmp_path: Path) -> None:
     hub = LocalTailHub(mode="hang")
 

@@ -23,7 +23,7 @@ from converters.split import enumerate_cuts, segments
 from edge_agent.errors import InferRefusedError, TransportError
 from edge_agent.split.segments import SegmentRunner
 from protos import pb
-from skills.split_plan import SplitPlan
+from skills.split_plan import PING, SplitPlan
 from skills.tensor_codec import decode_protos, encode_protos
 
 RNG = np.random.default_rng(11)
@@ -151,6 +151,9 @@ class LocalTailHub:
             TransportError: ``mode`` is ``drop``.
         """
         self.requests.append(request)
+        if request.split == PING and self.mode in ("ok", "slow"):  # as the hub: empty, at once
+            await asyncio.sleep(self.delay_s)
+            return pb.InferResponse(request_id=request.request_id)
         if self.mode == "refuse":
             raise InferRefusedError("the hub has no such tail")
         if self.mode == "hang":

@@ -176,6 +176,23 @@ def test_refusals_arrive_as_refusals_with_their_code(
     asyncio.run(main())
 
 
+def test_a_ping_is_answered_empty_without_a_model_and_a_ping_with_tensors_is_refused(
+    transport: str, hub: Hub, url: str, skill: SplitSkill
+) -> None:
+    async def main() -> None:
+        async with serving(transport, hub, url) as (core, make), device(make, "cam-1") as cam:
+            got = await cam.infer_tail(request(skill, "ping", {}, request_id="p1"), TIMEOUT_S)
+            assert got.request_id == "p1" and not got.outputs and got.hub_ms == 0.0
+            assert core.tails.counts["ping"] == 1
+            assert core.tails.batcher.passes == 0  # no tail ran, none was loaded
+            loaded = request(skill, "ping", {"x": X}, request_id="p2")
+            with pytest.raises(InferRefusedError, match="no tensors") as refused:
+                await cam.infer_tail(loaded, TIMEOUT_S)
+            assert refused.value.code == "invalid-argument"
+
+    asyncio.run(main())
+
+
 def test_a_slow_hub_is_a_link_failure_not_a_refusal(
     transport: str, hub: Hub, url: str, skill: SplitSkill
 ) -> None:

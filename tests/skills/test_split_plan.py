@@ -114,6 +114,7 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
     "input cut renamed": _set("cuts.0.name", "start"),
     "input cut wrong tensors": _set("cuts.0.tensors", ["a"]),
     "middle cut called input": _set("cuts.1.name", "input"),
+    "middle cut called ping": _set("cuts.1.name", "ping"),
     "repeated cut names": _set("cuts.2.name", "a"),
     "times short": _set("hub_ms", [1.0]),
     "time negative": _set("device_ms", [1.0, -2.0, 0.5]),
