@@ -479,6 +479,7 @@ class Agent:
                 # A lighter stand-in (the simulator's, tests') may not report its calls.
                 infers = proc.drain_infers() if isinstance(proc, SkillProcess) else []
                 window.record(result, ms, label, infers[-1] if infers else ())
+                self.splits.learn_device(*key, (r for item in infers for r in item))
                 window.add_events(len(proc.drain_events()))
                 self.inference_counts.add(*key)
             await asyncio.sleep(pace(started, i + 1, self.config.source_rate_hz))

@@ -55,6 +55,8 @@ class InferResult:
             device finished the work itself.
         confidence: For a joint model, the small model's confidence value (normalised
             entropy or margin, as the manifest says); ``None`` otherwise.
+        device_ms: For a split model, the time its segments ran on the device (the head,
+            or the whole model on the device path); the agent learns its costs from it.
 
     Raises:
         ValueError: ``path`` is not one of :data:`INFER_PATHS`.
@@ -65,6 +67,7 @@ class InferResult:
     cut: str | None = None
     fallback: bool = False
     confidence: float | None = None
+    device_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.path not in INFER_PATHS:

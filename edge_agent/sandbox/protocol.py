@@ -17,7 +17,7 @@ Split and joint inference add three frames (see :mod:`edge_agent.split.runtime`)
   "outputs": {name: array}, "error": str, "plan": str}``.
 
 The ``process`` request carries ``"plan": {model: cut | "device" | "joint"}``
-and its reply ``"infers": [{"model", "path", "cut", "fallback"}, ...]``.
+and its reply ``"infers": [{"model", "path", "cut", "fallback", "device_ms"}, ...]``.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ _ARRAY_KINDS = frozenset("biufc")
 MAX_TAILS_PER_ITEM = 16
 #: Inference records one reply may carry; more are dropped.
 MAX_INFERS_PER_ITEM = 256
+#: A reported device time above this (an hour, in ms) is not believed.
+_MAX_DEVICE_MS = 3_600_000.0
 #: The paths an inference record may name (as :data:`skills.sdk.INFER_PATHS`).
 INFER_PATHS = frozenset({"device", "split", "hub", "joint-device", "joint-hub"})
 _MAX_NAME_CHARS = 128
@@ -261,6 +263,8 @@ class InferRecord:
     path: str
     cut: str
     fallback: bool
+    #: Time the model's segments ran on the device (0 when not reported or not believable).
+    device_ms: float = 0.0
 
 
 def _name(message: Mapping[str, Any], key: str) -> str:
@@ -325,13 +329,19 @@ def parse_infers(value: object) -> list[InferRecord]:
     for entry in value[:MAX_INFERS_PER_ITEM]:
         if not isinstance(entry, dict) or entry.get("path") not in INFER_PATHS:
             continue
-        model, cut = entry.get("model"), entry.get("cut")
+        model, cut, device_ms = entry.get("model"), entry.get("cut"), entry.get("device_ms")
+        believable = (
+            type(device_ms) in (int, float)
+            and math.isfinite(device_ms)  # type: ignore[arg-type]
+            and 0 <= device_ms <= _MAX_DEVICE_MS  # type: ignore[operator]
+        )
         records.append(
             InferRecord(
                 model=model[:_MAX_NAME_CHARS] if isinstance(model, str) else "",
                 path=str(entry["path"]),
                 cut=cut[:_MAX_NAME_CHARS] if isinstance(cut, str) else "",
                 fallback=entry.get("fallback") is True,
+                device_ms=float(device_ms) if believable else 0.0,  # type: ignore[arg-type]
             )
         )
     return records

@@ -140,7 +140,9 @@ class _Context:
         )
         if on_item and len(self.records) < MAX_INFERS_PER_ITEM:
             record = {"model": model, "path": result.path, "cut": result.cut or ""}
-            self.records.append({**record, "fallback": result.fallback})
+            self.records.append(
+                {**record, "fallback": result.fallback, "device_ms": result.device_ms}
+            )
         return result
 
     def begin_item(self, item_id: int, plan: object) -> None:

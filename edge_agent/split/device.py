@@ -18,6 +18,7 @@ against the hub within a call.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,9 +157,12 @@ class DeviceInference:
     ) -> InferResult:
         runner = self.runner(model)
         cut = next((c for c in runner.plan.cuts if c.name == cut_name), None)
+        started = time.perf_counter()
         if ask is None or cut is None:
-            return InferResult(runner.outputs(runner.run(feeds)), "device")
+            env = runner.run(feeds)
+            return InferResult(runner.outputs(env), "device", device_ms=_since_ms(started))
         env = runner.run(feeds, 0, cut.after + 1)
+        head_ms = _since_ms(started)
         missing = [name for name in cut.tensors if name not in env]
         if missing:
             raise RuntimeBackendError(f"{model}: cut {cut.name} needs {missing}")
@@ -166,9 +170,12 @@ class DeviceInference:
         outputs = answer.outputs
         if outputs is not None and all(name in outputs for name in runner.plan.output_names):
             path = "hub" if cut.after < 0 else "split"
-            return InferResult({n: outputs[n] for n in runner.plan.output_names}, path, cut.name)
+            answered = {n: outputs[n] for n in runner.plan.output_names}
+            return InferResult(answered, path, cut.name, device_ms=head_ms)
+        rest = time.perf_counter()
         env = runner.run(env, cut.after + 1)
-        return InferResult(runner.outputs(env), "device", fallback=True)
+        device_ms = head_ms + _since_ms(rest)  # the wait for the hub left out
+        return InferResult(runner.outputs(env), "device", fallback=True, device_ms=device_ms)
 
     def _joint(
         self,
@@ -190,3 +197,7 @@ class DeviceInference:
         if answer.outputs:
             return InferResult(dict(answer.outputs), "joint-hub", confidence=value)
         return InferResult(outputs, "joint-device", fallback=True, confidence=value)
+
+
+def _since_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

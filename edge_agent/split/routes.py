@@ -224,6 +224,8 @@ class SplitCoordinator(Route):
         self._device = _per_segment(split_plan.device_ms or split_plan.hub_ms, count)
         self.profiled = False
         self.hub_scale = 1.0
+        #: Real device times over the profile's (the profile runs back to back, warm).
+        self.device_scale = 1.0
         self.queue_ms = 0.0
         self.current: int | None = None
         self._cuts = sorted(split_plan.cuts, key=lambda c: c.after)
@@ -254,7 +256,7 @@ class SplitCoordinator(Route):
         cuts = [
             CutCost(
                 name=cut.name,
-                device_ms=sum(self._device[: cut.after + 1]),
+                device_ms=sum(self._device[: cut.after + 1]) * self.device_scale,
                 hub_ms=sum(self._hub[cut.after + 1 :]) * self.hub_scale,
                 bytes_up=int(cut.nbytes * ratio) + 8 * len(cut.tensors),
                 bytes_down=self.plan.output_bytes,
@@ -262,7 +264,7 @@ class SplitCoordinator(Route):
             )
             for cut in self._cuts
         ]
-        cuts.append(CutCost(DEVICE, sum(self._device), 0.0, 0, 0, remote=False))
+        cuts.append(CutCost(DEVICE, sum(self._device) * self.device_scale, 0.0, 0, 0, remote=False))
         return CostTable(self.model, tuple(cuts))
 
     def decide(self) -> str:
@@ -326,6 +328,22 @@ class SplitCoordinator(Route):
             if expected > 0 and math.isfinite(hub_ms) and hub_ms > 0:
                 ratio = min(max(hub_ms / expected, 0.05), 100.0)
                 self.hub_scale += weight * (ratio - self.hub_scale)
+
+    def learn_device(self, split: str, device_ms: float) -> None:
+        """Fold a real run's device time into the table.
+
+        Args:
+            split: The cut the call crossed at, or :data:`DEVICE` (or ``""``) when
+                every segment ran on the device.
+            device_ms: The time its device segments took.
+        """
+        cut = next((c for c in self._cuts if c.name == split), None)
+        weight = self.settings.smoothing
+        with self.lock:
+            expected = sum(self._device[: cut.after + 1] if cut is not None else self._device)
+            if expected > 0 and math.isfinite(device_ms) and device_ms > 0:
+                ratio = min(max(device_ms / expected, 0.05), 100.0)
+                self.device_scale += weight * (ratio - self.device_scale)
 
     def cut_index(self) -> int:
         """The index of the current cut in :meth:`table` (device-only until planned)."""

@@ -30,14 +30,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from edge_agent.errors import InferRefusedError, TransportError
-from edge_agent.sandbox.protocol import TailAnswer, TailRequest
+from edge_agent.sandbox.protocol import InferRecord, TailAnswer, TailRequest
 from edge_agent.split.device import load_plan
 from edge_agent.split.link import LinkEstimator, RequestSample
 from edge_agent.split.routes import (
+    DEVICE,
     JointRoute,
     Route,
     Shared,
@@ -52,7 +53,7 @@ from skills.split_plan import PING
 if TYPE_CHECKING:
     from edge_agent.sandbox.process import SkillProcess
 
-__all__ = ["SkillBroker", "SplitRuntime", "TailTransport"]
+__all__ = ["SkillBroker", "SplitRuntime", "TailTransport", "time_ping"]
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,17 @@ class SplitRuntime:
         """Forget a stopped skill's broker."""
         self.brokers.pop(name, None)
 
+    def learn_device(self, name: str, version: str, records: Iterable[InferRecord]) -> None:
+        """Learn the device's real run times from the ``ctx.infer`` calls of finished items."""
+        broker = self.brokers.get(name)
+        if broker is None or broker.version != version:
+            return
+        for record in records:
+            route = broker.splits.get(record.model)
+            if route is not None and record.device_ms > 0:
+                crossed = record.path in ("split", "hub")
+                route.learn_device(record.cut if crossed else DEVICE, record.device_ms)
+
     def observe_rtt(self, now: float, rtt_ms: float) -> None:
         """Learn from a round trip timed elsewhere (a ping the transport answered).
 
@@ -246,29 +258,12 @@ class SplitRuntime:
         transport, target = self._transport(), self._ping_target()
         if transport is None or target is None:
             return None
-        skill, version, model = target
-        timeout_s = self._shared.settings.ping_timeout_s
-        message = pb.InferRequest(
-            model=model,
-            split=PING,
-            skill=skill,
-            version=version,
-            request_id=uuid.uuid4().hex,
-            deadline_ms=int(timeout_s * 1000),
+        shared = self._shared
+        rtt_ms = await time_ping(
+            transport, *target, timeout_s=shared.settings.ping_timeout_s, clock=shared.clock
         )
-        clock = self._shared.clock
-        started = clock()
-        try:
-            async with asyncio.timeout(timeout_s):
-                response = await transport.infer_tail(message, timeout_s)
-        except (TimeoutError, TransportError) as exc:
-            log.debug("ping to the hub failed: %s", exc)
-            return None
-        ended = clock()
-        if response.request_id != message.request_id:
-            return None
-        rtt_ms = (ended - started) * 1000.0
-        self.observe_rtt(ended, rtt_ms)
+        if rtt_ms is not None:
+            self.observe_rtt(shared.clock(), rtt_ms)
         return rtt_ms
 
     def _ping_target(self) -> tuple[str, str, str] | None:
@@ -334,6 +329,7 @@ class SplitRuntime:
         for model, route in broker.splits.items():
             gauges[f"split.{model}.cut_index"] = float(route.cut_index())
             gauges[f"split.{model}.hub_scale"] = route.hub_scale
+            gauges[f"split.{model}.device_scale"] = route.device_scale
             gauges[f"split.{model}.queue_ms"] = route.queue_ms
             gauges[f"split.{model}.profiled"] = float(route.profiled)
         routes: list[Route] = [*broker.splits.values(), *broker.joints.values()]
@@ -343,6 +339,43 @@ class SplitRuntime:
                 gauges[key] = gauges.get(key, 0.0) + count
         gauges["split.tails_refused_locally_total"] = float(sum(broker.refused.values()))
         return gauges
+
+
+async def time_ping(
+    transport: TailTransport,
+    skill: str,
+    version: str,
+    model: str,
+    *,
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> float | None:
+    """Time one ping (an empty ``InferTail`` the hub answers at once) over ``transport``.
+
+    The skill, version and model only name what the pinging skill splits; the hub
+    checks their form, loads nothing and answers empty.
+
+    Returns:
+        The round trip in ms, or None when the ping failed or timed out.
+    """
+    message = pb.InferRequest(
+        model=model,
+        split=PING,
+        skill=skill,
+        version=version,
+        request_id=uuid.uuid4().hex,
+        deadline_ms=int(timeout_s * 1000),
+    )
+    started = clock()
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await transport.infer_tail(message, timeout_s)
+    except (TimeoutError, TransportError) as exc:
+        log.debug("ping to the hub failed: %s", exc)
+        return None
+    if response.request_id != message.request_id:
+        return None
+    return (clock() - started) * 1000.0
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

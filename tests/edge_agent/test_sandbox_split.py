@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge_agent.sandbox import SkillProcess
-from edge_agent.sandbox.protocol import MAX_TAILS_PER_ITEM
+from edge_agent.sandbox.protocol import MAX_TAILS_PER_ITEM, parse_infers
 from edge_agent.split.link import LinkConfig, LinkEstimator
 from edge_agent.split.planner import LinkEstimate
 from edge_agent.split.runtime import SplitRuntime
@@ -117,6 +117,17 @@ def test_profile_is_reported_at_setup_and_the_planned_cut_runs_split(tmp_path: P
     assert [[(r.model, r.path, r.cut, r.fallback) for r in item] for item in infers] == [
         [("chain", "split", "h0", False)]
     ]
+    assert infers[0][0].device_ms > 0  # the head's time, measured in the control process
+
+
+@pytest.mark.parametrize(
+    ("reported", "kept"),
+    [(4.5, 4.5), (3, 3.0), (-1.0, 0.0), (float("nan"), 0.0), ("9", 0.0), (True, 0.0), (1e12, 0.0)],
+)
+def test_a_reported_device_time_is_kept_only_when_believable(reported: object, kept: float) -> None:
+    entry = {"model": "chain", "path": "split", "cut": "h0", "fallback": False}
+    (record,) = parse_infers([{**entry, "device_ms": reported}])
+    assert record.device_ms == kept
 
 
 @pytest.mark.parametrize("mode", ["drop", "hang"])

@@ -109,6 +109,41 @@ def test_a_slower_device_moves_the_cut_toward_the_hub() -> None:
     assert route.decide() == "input"
 
 
+def test_real_device_runs_slower_than_the_profile_move_the_cut_toward_the_hub() -> None:
+    clock = _Clock()
+    route = _coordinator(clock)
+    _traffic(route, clock, bandwidth=1.25e8, rtt_ms=1.0)
+    route.set_profile([0.6, 0.6, 0.6])  # profiled back to back, warm
+    assert route.decide() == "device"
+    for _ in range(20):  # real items take 3x as long on the device
+        route.learn_device("device", 5.4)
+    assert route.device_scale == pytest.approx(3.0, rel=0.01)
+    assert route.table().cuts[-1].device_ms == pytest.approx(5.4, rel=0.01)
+    assert route.decide() != "device"
+    route.learn_device("input", 1.0)  # hub-only runs nothing here: nothing to learn
+    route.learn_device("mid", float("nan"))
+    assert route.device_scale == pytest.approx(3.0, rel=0.01)
+
+
+def test_runtime_learns_device_times_from_the_records_of_its_own_version(tmp_path: Path) -> None:
+    skill_dir, manifest = _skill(tmp_path)
+
+    async def main() -> tuple[float, float]:
+        runtime = SplitRuntime(lambda: None, link=_fast_link())
+        proc = _Proc(skill_dir, manifest, {"chain": (1.0, 1.0, 1.0)})
+        broker = runtime.attach("probe", "1.0.0", proc)  # type: ignore[arg-type]
+        assert broker is not None
+        slow = [InferRecord("chain", "device", "", False, device_ms=30.0)] * 10
+        runtime.learn_device("probe", "2.0.0", slow)  # another version: not this broker's
+        before = broker.splits["chain"].device_scale
+        runtime.learn_device("probe", "1.0.0", slow)
+        return before, broker.splits["chain"].device_scale
+
+    before, after = asyncio.run(main())
+    assert before == 1.0
+    assert after > 5.0  # toward 10x the profile's 3 ms
+
+
 def test_hub_reports_scale_hub_times_and_queueing() -> None:
     route = _coordinator(_Clock())
     for _ in range(30):
@@ -348,6 +383,7 @@ def test_infer_runs_the_planned_path(tmp_path: Path, plan: str, path: str, cut: 
     assert (result.path, result.cut, result.fallback) == (path, cut, False)
     np.testing.assert_allclose(result.outputs["logits"], reference(X), rtol=1e-5)
     assert [r.split for r in hub.requests] == ([] if cut is None else [cut])
+    assert result.device_ms > 0  # the device's own time, what the agent learns from
 
 
 @pytest.mark.parametrize("mode", ["drop", "refuse", "hang"])
