@@ -23,6 +23,7 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.config import AgentConfig
 from edge_agent.desired_gate import DesiredGate
+from edge_agent.drift_watch import DriftWatch
 from edge_agent.errors import AgentError, RuntimeBackendError, TransportError
 from edge_agent.hublink import HubLink
 from edge_agent.installs import InstallStore
@@ -141,7 +142,7 @@ class Agent:
             clock=clock,
             on_event=self.security_event,
             on_started=self._skill_started,
-            on_stopped=self.splits.detach,
+            on_stopped=self._skill_stopped,
         )
         #: Only the director's signed instructions get through (plain ones when insecure).
         self.gate = DesiredGate(
@@ -159,6 +160,8 @@ class Agent:
         # loop takes the new one at once instead of after the default 5 s.
         self._beat_changed = asyncio.Event()
         self.windows: dict[tuple[str, str], WindowStats] = {}
+        #: Drift against each running version's bundled reference, per telemetry window.
+        self.drift = DriftWatch(clock)
         #: Running totals exported as metrics.
         self.inference_counts = InferenceCounter()
         self.outbox_dropped_total = 0
@@ -439,13 +442,20 @@ class Agent:
     # -- workload and telemetry -------------------------------------------------
 
     def _skill_started(self, name: str, version: str, proc: SkillProcess) -> None:
-        """Serve a started skill's split and joint models (a skill without them gets none)."""
+        """Watch a started skill's drift; serve its split and joint models (if it has any)."""
+        skill_dir = getattr(proc, "skill_dir", None)  # a simulated skill has no folder
+        if isinstance(skill_dir, Path):
+            self.drift.attach(name, version, skill_dir, proc.manifest)
         if not isinstance(proc, SkillProcess):  # a lighter stand-in (simulator, tests)
             return
         try:
             self.splits.attach(name, version, proc)
         except RuntimeBackendError as exc:  # it runs, but wholly on the device
             log.warning("skill %s %s: split inference off: %s", name, version, exc)
+
+    def _skill_stopped(self, name: str) -> None:
+        self.splits.detach(name)
+        self.drift.detach(name)
 
     async def _workload(self) -> None:
         source = self._source
@@ -479,6 +489,7 @@ class Agent:
                 # A lighter stand-in (the simulator's, tests') may not report its calls.
                 infers = proc.drain_infers() if isinstance(proc, SkillProcess) else []
                 window.record(result, ms, label, infers[-1] if infers else ())
+                self.drift.observe(key, result, label)
                 self.splits.learn_device(*key, (r for item in infers for r in item))
                 window.add_events(len(proc.drain_events()))
                 self.inference_counts.add(*key)
@@ -490,12 +501,14 @@ class Agent:
             await self._flush_windows()
 
     async def _flush_windows(self) -> None:
+        # Both closed together, before any await: a result lands in one window of each.
         windows, self.windows = self.windows, {}
-        for stats in windows.values():
+        drift = self.drift.flush_all()
+        for key, stats in windows.items():
             if stats.inferences:
                 dropped = await asyncio.to_thread(self.outbox.take_dropped)
                 self.outbox_dropped_total += dropped
-                gauges = self.splits.metrics(stats.skill, stats.version)
+                gauges = {**self.splits.metrics(*key), **drift.get(key, {})}
                 msg = stats.to_message(dropped=dropped, gauges=gauges)
                 # A per-device sequence number lets the hub (and tests) see gaps and repeats.
                 self._seq += 1

@@ -9,7 +9,6 @@ from protos.errors import TransportError
 
 __all__ = [
     "AgentError",
-    "DriftReferenceError",
     "HealthCheckError",
     "InferRefusedError",
     "InstallError",
@@ -42,14 +41,6 @@ class RuntimeBackendError(AgentError):
 
 class OutboxError(AgentError):
     """The durable outbox could not store or read a message."""
-
-
-class DriftReferenceError(AgentError):
-    """A skill bundle's drift reference is malformed, inconsistent or over a cap.
-
-    The bundle's publisher is at fault; the skill can still run, without drift
-    statistics against that reference.
-    """
 
 
 class InferRefusedError(TransportError):

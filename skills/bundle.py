@@ -5,7 +5,7 @@ A bundle named ``<name>-<version>.skill`` is a deterministic gzip-compressed tar
     skill.toml        the manifest, with sha256 and size of every model variant filled in
     control/          the control code; the entrypoint module lives here
     models/           model files, one per variant
-    reference.json    optional reference statistics for drift detection
+    drift/...         optional drift reference, where the manifest's [drift] table says
     ...               any other data files
 
 Installation extracts into a staging directory next to the destination, verifies the
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from skills.archive import DEFAULT_LIMITS, ArchiveLimits, read_member, safe_extract, write_archive
+from skills.drift_spec import read_reference
 from skills.errors import BundleError, ManifestError
 from skills.manifest import MAX_MANIFEST_BYTES, Manifest, ModelVariant
 
@@ -87,7 +88,7 @@ def _load_manifest(root: Path) -> Manifest:
 
 
 def _check_layout(root: Path, manifest: Manifest) -> None:
-    """Check the entrypoint module and the reference file exist under ``root``.
+    """Check the entrypoint module and the drift reference file exist under ``root``.
 
     Raises:
         BundleError: If either is missing.
@@ -99,8 +100,9 @@ def _check_layout(root: Path, manifest: Manifest) -> None:
             f"entrypoint module {manifest.entry_module!r} not found: expected {candidates[0]}"
             f" or {candidates[1]}"
         )
-    if manifest.reference is not None and _regular_file(root, manifest.reference) is None:
-        raise BundleError(f"reference file {manifest.reference!r} is missing")
+    drift = manifest.drift
+    if drift is not None and _regular_file(root, drift.reference) is None:
+        raise BundleError(f"drift reference file {drift.reference!r} is missing")
 
 
 def _measured(root: Path, variant: ModelVariant) -> ModelVariant:
@@ -176,9 +178,10 @@ def build_bundle(
     The sha256 and size of every model variant are measured from the files and written
     into the archived ``skill.toml``; ``src_dir`` itself is not modified. A sha256 or
     size that ``skill.toml`` leaves out is filled in; one it declares must match the
-    file, unless ``fix_hashes`` says to take the file's. The same folder always gives
-    the same bytes. ``__pycache__`` folders and ``.pyc`` files are left out, and so is
-    ``out_dir`` when it lies inside ``src_dir``.
+    file, unless ``fix_hashes`` says to take the file's. A drift reference the manifest
+    declares must be a valid one holding the declared input summaries. The same folder
+    always gives the same bytes. ``__pycache__`` folders and ``.pyc`` files are left
+    out, and so is ``out_dir`` when it lies inside ``src_dir``.
 
     Args:
         src_dir: Folder with ``skill.toml``, ``control/``, ``models/`` and data files.
@@ -193,11 +196,15 @@ def build_bundle(
     Raises:
         ManifestError: If ``skill.toml`` is invalid.
         BundleError: If ``skill.toml``, a model file, the entrypoint module or the
-            reference file is missing, or a declared sha256 or size does not match.
+            drift reference file is missing, or a declared sha256 or size does not match.
+        DriftReferenceError: If the drift reference is malformed, over a cap, or does not
+            hold the declared input summaries.
         ArchiveError: If the folder holds links or special files, or writing fails.
     """
     manifest = _load_manifest(src_dir)
     _check_layout(src_dir, manifest)
+    if manifest.drift is not None:
+        read_reference(src_dir, manifest.drift)
     built = manifest.with_models(
         [_filled_in(src_dir, v, fix_hashes=fix_hashes) for v in manifest.models]
     )
@@ -239,7 +246,10 @@ def verify_tree(root: Path) -> Manifest:
     """Check an extracted bundle against its own manifest.
 
     Every model variant must be a regular file with the recorded size and sha256; the
-    entrypoint module and the reference file must exist.
+    entrypoint module and the drift reference file must exist. The drift reference's
+    content is not read here: a device runs a skill whose reference is malformed
+    (without drift statistics), and the hub checks it before signing
+    (:func:`skills.model_check.check_bundle`).
 
     Args:
         root: The folder holding the extracted bundle.

@@ -13,6 +13,14 @@ class BundleError(SkillError):
     """A bundle's content is wrong: missing files, hash or size mismatch."""
 
 
+class DriftReferenceError(BundleError):
+    """A bundle's drift reference is malformed, inconsistent or over a cap.
+
+    The bundle's publisher is at fault; the agent still runs the skill, without
+    drift statistics against that reference.
+    """
+
+
 class ArchiveError(BundleError):
     """An archive is unsafe or exceeds a cap: traversal, links, devices, bombs."""
 

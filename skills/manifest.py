@@ -12,7 +12,6 @@ TOML layout (only ``[skill]`` and its first three keys are required)::
     version = "1.2.0"                   # MAJOR.MINOR.PATCH[-pre]
     entrypoint = "detector:FaceDetect"  # module under control/ (dotted), then the class
     description = "Finds faces"
-    reference = "reference.json"        # reference statistics for drift, path in the bundle
 
     [resources]                         # every key optional
     memory_mb = 1024
@@ -50,6 +49,10 @@ TOML layout (only ``[skill]`` and its first three keys are required)::
     measure = "entropy"
     threshold = 0.5
     deadline_ms = 1000
+
+    [drift]                             # optional; see skills.drift_spec
+    reference = "drift/reference.json"  # the drift reference (skills.drift_reference)
+    inputs = ["brightness"]             # the input summaries it holds, up to 8
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from skills._fields import (
     parse_version,
     table_list,
 )
+from skills.drift_spec import DriftSpec, drift_from, drift_table
 from skills.errors import ManifestError
 from skills.split_spec import (
     MAX_JOINTS,
@@ -94,6 +98,7 @@ __all__ = [
     "KNOWN_PRECISIONS",
     "KNOWN_TARGETS",
     "MAX_MANIFEST_BYTES",
+    "DriftSpec",
     "JointSpec",
     "Manifest",
     "ModelVariant",
@@ -304,10 +309,11 @@ class Manifest:
         outputs: Output tensors.
         resources: Limits for the control process.
         models: Model variants shipped in ``models/``.
-        reference: Path of the reference statistics JSON inside the bundle, if any.
         config: Default configuration (read-only mapping).
         splits: Models shipped as segments for split inference (``[[split]]``).
         joints: Small/big model pairs for joint inference (``[[joint]]``).
+        drift: Where the drift reference lies and what it summarises (``[drift]``),
+            if the bundle ships one.
     """
 
     name: str
@@ -318,11 +324,11 @@ class Manifest:
     outputs: tuple[TensorSpec, ...] = ()
     resources: Resources = field(default_factory=Resources)
     models: tuple[ModelVariant, ...] = ()
-    reference: str | None = None
     # Excluded from the hash because a mapping is unhashable; equality still compares it.
     config: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     splits: tuple[SplitSpec, ...] = ()
     joints: tuple[JointSpec, ...] = ()
+    drift: DriftSpec | None = None
 
     def __post_init__(self) -> None:
         """Validate every field.
@@ -336,8 +342,8 @@ class Manifest:
         check_str(self.description, "description", MAX_DESCRIPTION_CHARS)
         if not isinstance(self.resources, Resources):
             raise fail("resources", "must be a Resources")
-        if self.reference is not None:
-            check_bundle_path(self.reference, "reference")
+        if self.drift is not None and not isinstance(self.drift, DriftSpec):
+            raise fail("drift", "must be a DriftSpec")
         object.__setattr__(self, "inputs", _check_tensors(self.inputs, "inputs"))
         object.__setattr__(self, "outputs", _check_tensors(self.outputs, "outputs"))
         object.__setattr__(self, "models", _check_variants(self.models))
@@ -412,8 +418,6 @@ class Manifest:
             "entrypoint": self.entrypoint,
             "description": self.description,
         }
-        if self.reference is not None:
-            skill["reference"] = self.reference
         doc: dict[str, Any] = {"skill": skill, "resources": asdict(self.resources)}
         if self.config:
             doc["config"] = dict(self.config)
@@ -428,6 +432,8 @@ class Manifest:
             doc["split"] = split_table(self.splits)
         if self.joints:
             doc["joint"] = joint_table(self.joints)
+        if self.drift is not None:
+            doc["drift"] = drift_table(self.drift)
         text = tomli_w.dumps(doc)
         if len(text.encode("utf-8")) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"manifest renders larger than {MAX_MANIFEST_BYTES} bytes")
@@ -485,7 +491,6 @@ def _manifest_from_doc(doc: dict[str, Any]) -> Manifest:
         "version": skill.get("version", str),
         "entrypoint": skill.get("entrypoint", str),
         "description": skill.get("description", str, ""),
-        "reference": skill.get("reference", str, None),
     }
     skill.done()
     config = Table(top.get("config", dict, {}), "config").all_of(str)
@@ -508,6 +513,8 @@ def _manifest_from_doc(doc: dict[str, Any]) -> Manifest:
         joint_from(t, f"joint[{i}]") for i, t in enumerate(table_list(top, "joint", MAX_JOINTS))
     ]
     resources = _resources_from(top.get("resources", dict, {}))
+    drift_raw = top.get("drift", dict, None)
+    drift = None if drift_raw is None else drift_from(drift_raw)
     top.done()
     return Manifest(
         **head,
@@ -518,4 +525,5 @@ def _manifest_from_doc(doc: dict[str, Any]) -> Manifest:
         config=config,
         splits=tuple(splits),
         joints=tuple(joints),
+        drift=drift,
     )

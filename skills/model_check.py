@@ -34,6 +34,7 @@ import numpy as np
 
 from skills.archive import DEFAULT_LIMITS, ArchiveLimits, safe_extract
 from skills.bundle import verify_tree
+from skills.drift_spec import read_reference
 from skills.errors import BundleError
 from skills.manifest import KNOWN_TARGETS, Manifest, ModelVariant, TensorSpec
 
@@ -373,12 +374,15 @@ def check_bundle(
 ) -> tuple[ModelVariant, ...]:
     """Extract a built bundle into a temporary folder, verify it and check its models.
 
+    Its drift reference, if it declares one, must be valid too.
+
     Returns:
         The variants let through unchecked.
 
     Raises:
         ArchiveError: The archive is unreadable or unsafe.
         BundleError: Its content does not match its manifest.
+        DriftReferenceError: Its drift reference is malformed or over a cap.
         ManifestError: Its manifest is invalid.
         ModelCheckError: A model variant fails its check (see :func:`check_models`).
     """
@@ -386,4 +390,6 @@ def check_bundle(
         root = Path(tmp) / "bundle"
         safe_extract(bundle, root, limits)
         manifest = verify_tree(root)
+        if manifest.drift is not None:
+            read_reference(root, manifest.drift)
         return check_models(root, manifest, unchecked_targets=unchecked_targets)

@@ -3,7 +3,9 @@
 The artefact files are copied out of the blob store byte for byte, so the
 bundle's manifest lists the artefacts' sha256 and
 :meth:`cloud.store.models.ModelTables.link_skill_version` finds them once the
-version is published.
+version is published. The bundle also ships the model's drift reference
+(:meth:`cloud.models.factory.ModelFactory.drift_reference`), so devices can
+tell when what they see drifts from what the model was validated on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 from cloud.errors import ValidationError
 from cloud.models.errors import FactoryError
 from skills.bundle import build_bundle
+from skills.drift_spec import DriftSpec, write_reference
 from skills.errors import SkillError
 from skills.manifest import Manifest, ModelVariant
 
@@ -43,6 +46,9 @@ def package_skill(
 
     Every artefact becomes a variant of ``model`` (precision ``int8`` when its
     variant is quantised, else ``fp32``); the source folder is not modified.
+    Unless the source declares a drift reference of its own (``[drift]``), the
+    bundle ships the first artefact's model's reference at
+    ``drift/reference.json``; a model without held-out data ships none.
 
     Args:
         factory: The factory holding the artefacts' blobs.
@@ -57,8 +63,9 @@ def package_skill(
     Raises:
         ValidationError: No or too many artefacts.
         NotFoundError: An artefact's variant does not exist.
-        BlobError: An artefact's file is missing or corrupt.
-        FactoryError: The source or the assembled bundle is malformed.
+        BlobError: An artefact's file or its model's ONNX export is missing or corrupt.
+        FactoryError: The source or the assembled bundle is malformed, or the model's
+            drift reference cannot be built.
         StoreError: The store failed.
     """
     if not 1 <= len(artifacts) <= MAX_BUNDLE_ARTIFACTS:
@@ -71,8 +78,11 @@ def package_skill(
         except (OSError, SkillError) as exc:
             raise FactoryError(f"cannot read the skill source {source}: {exc}") from exc
         variants = [_export(factory, a, model, work) for a in artifacts]
+        drift = manifest.drift or _reference(factory, artifacts[0], work)
         try:
-            built = dataclasses.replace(manifest, version=version, models=tuple(variants))
+            built = dataclasses.replace(
+                manifest, version=version, models=tuple(variants), drift=drift
+            )
             (work / "skill.toml").write_text(built.to_toml(), encoding="utf-8")
             return build_bundle(work, out_dir)
         except (OSError, SkillError) as exc:
@@ -91,3 +101,19 @@ def _export(
         factory.export_blob(file.sha256, work / f"{stem}{Path(file.name).suffix}")
     rel = f"{stem}{Path(artifact.files[0].name).suffix}"
     return ModelVariant(model=model, target=artifact.target, path=rel, precision=precision)
+
+
+def _reference(factory: ModelFactory, artifact: ArtifactRecord, work: Path) -> DriftSpec | None:
+    """Write the drift reference of ``artifact``'s model into ``work``; its ``[drift]`` table.
+
+    Raises:
+        FactoryError: The reference cannot be built or written.
+    """
+    variant = factory.tables.get_variant(artifact.variant_id)
+    reference = factory.drift_reference(variant.model_id)
+    if reference is None:
+        return None
+    try:
+        return write_reference(work, reference)
+    except (OSError, SkillError) as exc:
+        raise FactoryError(f"cannot write the drift reference: {exc}") from exc

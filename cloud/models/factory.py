@@ -9,6 +9,7 @@ corrupt model, a failed check, a missing tool) leaves no record behind.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from cloud.store import Store
     from converters.digits import DigitsData
     from converters.pipeline import CompressOptions
+    from skills.drift_reference import DriftReference
 
 __all__ = ["BLOBS_DIR", "ModelFactory"]
 
@@ -297,6 +299,30 @@ class ModelFactory:
             "float", False, model.onnx_sha256, size, metrics, weights_sha256=model.weights_sha256
         )
         return self.tables.add_variants(model.id, [draft], now_ms=now_ms())[0]
+
+    def drift_reference(self, ref: int | str) -> DriftReference | None:
+        """The drift reference of a model: its ONNX export's answers on its held-out data.
+
+        See :mod:`cloud.models.references`; the bundles built from the model ship it.
+
+        Returns:
+            The reference, or ``None`` for a model without a data set (imported alone).
+
+        Raises:
+            NotFoundError: No such model.
+            FactoryError: The data set no longer loads, or the model does not run.
+            BlobError: The model's ONNX blob is missing or corrupt.
+            StoreError: The database failed.
+        """
+        from cloud.models.references import held_out_reference  # noqa: PLC0415 - torch
+
+        model = self.tables.get_model(ref)
+        data = self._model_data(model)
+        if data is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="edgeskill-reference-") as tmp:
+            onnx = self.blobs.export(model.onnx_sha256, Path(tmp) / "model.onnx")
+            return held_out_reference(onnx, data)
 
     # lineage and blobs
 

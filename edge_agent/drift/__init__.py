@@ -8,28 +8,21 @@ clock, so the agent stays light and everything is tested without a device:
   p-value; a sliding-window KS detector (:class:`KSWindowDetector`);
 * :mod:`edge_agent.drift.sequential` — the Page-Hinkley and ADWIN detectors
   (one value at a time) and an :class:`AccuracyMonitor` over labelled feedback;
-* :mod:`edge_agent.drift.reference` — a skill version's :class:`DriftReference`
+* :mod:`skills.drift_reference` — a skill version's :class:`DriftReference`
   (built by the hub with :func:`build_reference`, shipped as capped JSON in the
-  bundle and read back defensively);
+  bundle and read back defensively), re-exported here with its
+  :class:`Histogram`: the bundle format owns it, so the hub builds references
+  without importing the agent;
 * :mod:`edge_agent.drift.summary` — the :class:`DriftMonitor` a running skill
   feeds, which yields one :class:`DriftSummary` per window for the hub.
 """
 
-from edge_agent.drift.reference import (
-    DEFAULT_LIMITS,
-    REFERENCE_FORMAT,
-    DriftReference,
-    InputReference,
-    ReferenceLimits,
-    build_reference,
-)
 from edge_agent.drift.sequential import ADWIN, AccuracyMonitor, DriftDetector, PageHinkley
 from edge_agent.drift.summary import MAX_WINDOW, DriftMonitor, DriftSummary, InputDrift
 from edge_agent.drift.windowed import (
     DEFAULT_EPSILON,
     PSI_MAJOR,
     PSI_MODERATE,
-    Histogram,
     KSResult,
     KSWindowDetector,
     categorical_psi,
@@ -39,6 +32,15 @@ from edge_agent.drift.windowed import (
     ks_statistic,
     psi,
     psi_level,
+)
+from skills.drift_reference import (
+    DEFAULT_LIMITS,
+    REFERENCE_FORMAT,
+    DriftReference,
+    Histogram,
+    InputReference,
+    ReferenceLimits,
+    build_reference,
 )
 
 __all__ = [

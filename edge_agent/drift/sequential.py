@@ -30,7 +30,7 @@ import math
 from collections import deque
 from typing import Literal, Protocol, runtime_checkable
 
-from edge_agent.drift._checks import check_int, finite_number
+from skills.drift_stats import check_int, finite_number
 
 __all__ = ["ADWIN", "AccuracyMonitor", "DriftDetector", "PageHinkley"]
 

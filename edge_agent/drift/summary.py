@@ -17,8 +17,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from edge_agent.drift._checks import check_int, finite_number
-from edge_agent.drift.reference import DriftReference
 from edge_agent.drift.sequential import ADWIN, AccuracyMonitor, DriftDetector
 from edge_agent.drift.windowed import (
     DEFAULT_EPSILON,
@@ -26,6 +24,8 @@ from edge_agent.drift.windowed import (
     histogram_psi,
     ks_2samp,
 )
+from skills.drift_reference import DriftReference
+from skills.drift_stats import check_int, finite_number
 
 __all__ = ["MAX_WINDOW", "DriftMonitor", "DriftSummary", "InputDrift"]
 
@@ -83,6 +83,29 @@ class DriftSummary:
     def to_dict(self) -> dict[str, object]:
         """The summary as plain JSON-able data (for the agent's report)."""
         return asdict(self)
+
+    def to_metrics(self, prefix: str = "drift.") -> dict[str, float]:
+        """The summary as telemetry metrics, every name starting with ``prefix``.
+
+        ``n`` (samples), ``psi_class``, ``psi_confidence``, ``alarms`` (how many
+        detectors fired) and ``alarm.<detector>`` (1 for each that fired); with
+        labels, ``accuracy`` and ``labelled``; per input summary, ``ks.<name>``
+        (the KS statistic) and ``ks_p.<name>`` (its p-value).
+        """
+        metrics = {
+            f"{prefix}n": float(self.n_samples),
+            f"{prefix}psi_class": self.class_mix_psi,
+            f"{prefix}psi_confidence": self.confidence_psi,
+            f"{prefix}alarms": float(len(self.alarms)),
+        }
+        metrics.update({f"{prefix}alarm.{name}": 1.0 for name in self.alarms})
+        if self.accuracy is not None:
+            metrics[f"{prefix}accuracy"] = self.accuracy
+            metrics[f"{prefix}labelled"] = float(self.n_labelled)
+        for item in self.inputs:
+            metrics[f"{prefix}ks.{item.name}"] = item.statistic
+            metrics[f"{prefix}ks_p.{item.name}"] = item.pvalue
+        return metrics
 
 
 @dataclass

@@ -27,13 +27,19 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from edge_agent.drift._checks import Floats, check_int, finite_array, finite_number
+from skills.drift_stats import (
+    Floats,
+    Histogram,
+    check_int,
+    finite_array,
+    finite_number,
+    proportions,
+)
 
 __all__ = [
     "DEFAULT_EPSILON",
     "PSI_MAJOR",
     "PSI_MODERATE",
-    "Histogram",
     "KSResult",
     "KSWindowDetector",
     "categorical_psi",
@@ -50,90 +56,9 @@ PSI_MAJOR = 0.25
 DEFAULT_EPSILON = 1e-4
 
 
-def _proportions(name: str, counts: ArrayLike) -> Floats:
-    """Non-negative counts (or weights) normalised to sum to one.
-
-    Raises:
-        ValueError: A count is negative or not finite, or they sum to zero.
-    """
-    array = finite_array(name, counts)
-    if np.any(array < 0):
-        raise ValueError(f"{name} must be >= 0")
-    total = float(array.sum())
-    if total <= 0:
-        raise ValueError(f"{name} sum to zero")
-    return array / total
-
-
 def _check_epsilon(epsilon: float) -> None:
     if not (math.isfinite(epsilon) and 0 < epsilon < 1):
         raise ValueError(f"epsilon must be in (0, 1), got {epsilon!r}")
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """A reference histogram: bin edges and the count (or weight) in each bin.
-
-    Bins are ``[edges[i], edges[i+1])``, the last one closed. Live values outside
-    the edges are counted in the outermost bins.
-
-    Attributes:
-        edges: Strictly increasing, finite; one more than ``counts``.
-        counts: Finite and ``>= 0``, with a positive sum.
-    """
-
-    edges: tuple[float, ...]
-    counts: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        """Coerce to tuples of floats and check the invariants.
-
-        Raises:
-            ValueError: An invariant above does not hold.
-        """
-        edges = finite_array("histogram edges", self.edges, allow_empty=True)
-        if edges.size < 2:
-            raise ValueError("a histogram needs at least two edges")
-        counts = finite_array("histogram counts", self.counts, allow_empty=True)
-        if counts.size != edges.size - 1:
-            raise ValueError(f"{edges.size} edges need {edges.size - 1} counts, got {counts.size}")
-        if np.any(np.diff(edges) <= 0):
-            raise ValueError("histogram edges must be strictly increasing")
-        _proportions("histogram counts", counts)
-        object.__setattr__(self, "edges", tuple(float(v) for v in edges))
-        object.__setattr__(self, "counts", tuple(float(v) for v in counts))
-
-    @property
-    def bins(self) -> int:
-        """The number of bins."""
-        return len(self.counts)
-
-    def proportions(self) -> Floats:
-        """The counts normalised to sum to one."""
-        return _proportions("histogram counts", self.counts)
-
-    def bin_counts(self, values: ArrayLike) -> Floats:
-        """How many of ``values`` fall in each bin (outliers in the outermost bins).
-
-        Raises:
-            ValueError: ``values`` is not a 1-D array of finite numbers.
-        """
-        array = finite_array("values", values, allow_empty=True)
-        index = np.searchsorted(np.asarray(self.edges), array, side="right") - 1
-        index = np.clip(index, 0, self.bins - 1)
-        return np.bincount(index, minlength=self.bins).astype(np.float64)
-
-    @classmethod
-    def from_values(cls, values: ArrayLike, edges: ArrayLike) -> Histogram:
-        """The histogram of ``values`` on ``edges``.
-
-        Raises:
-            ValueError: Bad edges, or ``values`` empty or not finite.
-        """
-        array = finite_array("values", values)
-        bounds = finite_array("edges", edges)
-        shell = cls(tuple(bounds), (1.0,) * max(bounds.size - 1, 0))
-        return cls(shell.edges, tuple(shell.bin_counts(array)))
 
 
 def psi(expected: ArrayLike, actual: ArrayLike, epsilon: float = DEFAULT_EPSILON) -> float:
@@ -149,8 +74,8 @@ def psi(expected: ArrayLike, actual: ArrayLike, epsilon: float = DEFAULT_EPSILON
             vector, or ``epsilon`` outside (0, 1).
     """
     _check_epsilon(epsilon)
-    e = _proportions("expected counts", expected)
-    a = _proportions("actual counts", actual)
+    e = proportions("expected counts", expected)
+    a = proportions("actual counts", actual)
     if e.shape != a.shape:
         raise ValueError(f"expected has {e.size} bins, actual {a.size}")
     e = np.maximum(e, epsilon)

@@ -2,14 +2,15 @@
 
 It has the shape of ``edge_agent.sandbox.launcher.SkillLauncher``: an installed
 version's folder and its merged config in, a started "process" out. The fake
-process answers every item at once and emits ``events_per_item`` events per
-item, so the agent's workload and telemetry run for real around it.
+process answers every item at once (with ``answer(item)`` when given one, else
+a constant) and emits ``events_per_item`` events per item, so the agent's
+workload and telemetry run for real around it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 from edge_agent.errors import HealthCheckError
 from edge_agent.profile import DeviceProfile
 from skills.manifest import Manifest
+
+#: What a fake skill answers for an item.
+Answer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 @dataclass
@@ -27,6 +31,7 @@ class FakeSkillProcess:
     manifest: Manifest
     config: dict[str, str]
     events_per_item: int = 0
+    answer: Answer | None = None
     models: dict[str, str] = field(default_factory=lambda: {"classifier": "fake"})
     processed: int = 0
     stopped: bool = False
@@ -42,6 +47,8 @@ class FakeSkillProcess:
         self.processed += 1
         for i in range(self.events_per_item):
             self._events.append({"kind": "fake", "item": self.processed, "n": i})
+        if self.answer is not None:
+            return self.answer(item), 0.1
         return {"label": 0, "confidence": 1.0}, 0.1
 
     def drain_events(self) -> list[dict[str, Any]]:
@@ -58,6 +65,7 @@ class FakeLauncher:
 
     events_per_item: int = 0
     fail_versions: frozenset[str] = frozenset()
+    answer: Answer | None = None
     launched: list[FakeSkillProcess] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,7 +74,7 @@ class FakeLauncher:
         if manifest.version in self.fail_versions:
             raise HealthCheckError(f"{manifest.name} {manifest.version}: fake health check failed")
         merged = {**dict(manifest.config), **config}  # as the real launcher lays them
-        proc = FakeSkillProcess(skill_dir, manifest, merged, self.events_per_item)
+        proc = FakeSkillProcess(skill_dir, manifest, merged, self.events_per_item, self.answer)
         with self._lock:  # launchers are called from worker threads
             self.launched.append(proc)
         return proc

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from skills.archive import ArchiveLimits
+from skills.drift_reference import build_reference
 
 MANIFEST = """\
 [skill]
@@ -19,7 +20,6 @@ name = "face-detect"
 version = "1.2.0"
 entrypoint = "detector:FaceDetect"
 description = "Finds faces"
-reference = "reference.json"
 
 [[inputs]]
 name = "image"
@@ -41,7 +41,16 @@ model = "detector"
 target = "tflite"
 path = "models/detector.tflite"
 precision = "int8"
+
+[drift]
+reference = "drift/reference.json"
+inputs = ["brightness"]
 """
+
+#: A drift reference holding the one input summary ``MANIFEST`` declares.
+REFERENCE = build_reference(
+    ["face", "face", "none"], [0.9, 0.7, 0.4], {"brightness": [0.2, 0.5, 0.6]}
+).to_json()
 
 
 @pytest.fixture
@@ -51,12 +60,13 @@ def skill_src(tmp_path: Path) -> Path:
     (src / "control" / "__pycache__").mkdir(parents=True)
     (src / "models").mkdir()
     (src / "data").mkdir()
+    (src / "drift").mkdir()
     (src / "skill.toml").write_text(MANIFEST)
     (src / "control" / "detector.py").write_text("class FaceDetect:\n    pass\n")
     (src / "control" / "__pycache__" / "detector.cpython-311.pyc").write_bytes(os.urandom(64))
     (src / "models" / "detector.onnx").write_bytes(os.urandom(3000))
     (src / "models" / "detector.tflite").write_bytes(os.urandom(2000))
-    (src / "reference.json").write_text('{"confidence": {"mean": 0.8}}')
+    (src / "drift" / "reference.json").write_text(REFERENCE)
     (src / "data" / "labels.txt").write_text("face\n")
     return src
 

@@ -31,7 +31,8 @@ def test_build_fills_in_hashes_without_touching_source(skill_src: Path, tmp_path
     assert (skill_src / "skill.toml").read_text() == original
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
-    assert names[0] == "reference.json" and names[1] == "skill.toml"  # manifest before models
+    assert names[0] == "skill.toml"  # the manifest first, before any folder
+    assert names.index("drift/reference.json") < names.index("models/detector.onnx")
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert "data/labels.txt" in names
 
@@ -64,7 +65,7 @@ def test_build_accepts_package_entrypoint(skill_src: Path, tmp_path: Path) -> No
     [
         ("models/detector.tflite", "models/detector.tflite"),
         ("control/detector.py", "entrypoint module 'detector'"),
-        ("reference.json", "reference file"),
+        ("drift/reference.json", "drift reference file"),
         ("skill.toml", "skill.toml is missing"),
     ],
 )
@@ -100,7 +101,12 @@ def test_install_puts_complete_bundle_in_place(
     manifest = install_bundle(bundle, dest)
     assert manifest == read_manifest(bundle)
     assert manifest.config == {} and manifest.entry_class == "FaceDetect"
-    for rel in ("control/detector.py", "models/detector.onnx", "reference.json", "data/labels.txt"):
+    for rel in (
+        "control/detector.py",
+        "models/detector.onnx",
+        "drift/reference.json",
+        "data/labels.txt",
+    ):
         assert (dest / rel).read_bytes() == (skill_src / rel).read_bytes()
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
     assert [p.name for p in dest.parent.iterdir()] == ["1.2.0"]  # no staging left

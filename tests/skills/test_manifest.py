@@ -11,6 +11,7 @@ import tomli_w
 from skills.errors import ManifestError
 from skills.manifest import (
     MAX_MANIFEST_BYTES,
+    DriftSpec,
     JointSpec,
     Manifest,
     ModelVariant,
@@ -39,8 +40,8 @@ def full_manifest() -> Manifest:
             ModelVariant("detector", "tflite", "models/tflite/det.tflite", "", 0, "int8"),
             ModelVariant("landmarks", "openvino", "models/lm.xml"),
         ),
-        reference="stats/reference.json",
         config={"threshold": "0.5", "max_faces": "10"},
+        drift=DriftSpec("stats/reference.json", ("brightness", "contrast")),
     )
 
 
@@ -65,7 +66,7 @@ def test_minimal_manifest_gets_defaults() -> None:
     text = '[skill]\nname = "a"\nversion = "0.1.0"\nentrypoint = "m:C"\n'
     manifest = Manifest.from_toml(text)
     assert manifest.resources == Resources()
-    assert manifest.models == () and manifest.inputs == () and manifest.reference is None
+    assert manifest.models == () and manifest.inputs == () and manifest.drift is None
     assert dict(manifest.config) == {}
     assert manifest.entry_module == "m" and manifest.entry_class == "C"
 
@@ -119,6 +120,11 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _drift(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    """A ``[drift]`` table: a valid one with ``fields`` changed or added."""
+    return _set("drift", {"reference": "drift/reference.json", "inputs": ["ink"], **fields})
+
+
 def _variant(i: int) -> dict[str, Any]:
     return {"model": f"m{i}", "target": "onnx-cpu", "path": f"models/{i}.onnx"}
 
@@ -143,7 +149,27 @@ INVALID: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "description-too-long": (_set("skill.description", "x" * 5000), "description"),
     "unknown-skill-key": (_set("skill.author", "me"), "skill: unknown key(s): author"),
     "unknown-table": (_set("extra.key", "v"), "unknown key(s): extra"),
-    "reference-traversal": (_set("skill.reference", "../ref.json"), "reference"),
+    # The drift reference is declared in [drift] only.
+    "skill-reference-retired": (_set("skill.reference", "r.json"), "unknown key(s): reference"),
+    "drift-not-a-table": (_set("drift", "drift/r.json"), "drift: expected dict"),
+    "drift-no-reference": (_set("drift", {"inputs": []}), "drift.reference: missing"),
+    "drift-traversal": (_drift(reference="../ref.json"), "drift: reference"),
+    "drift-deep-traversal": (_drift(reference="drift/../../ref.json"), "drift: reference"),
+    "drift-dot-part": (_drift(reference="drift/./r.json"), "drift: reference"),
+    "drift-empty-part": (_drift(reference="drift//r.json"), "drift: reference"),
+    "drift-absolute": (_drift(reference="/etc/r.json"), "drift: reference"),
+    "drift-backslash": (_drift(reference="drift\\r.json"), "drift: reference"),
+    "drift-control-char": (_drift(reference="drift/\x00r.json"), "drift: reference"),
+    "drift-path-too-long": (_drift(reference="d/" * 130 + "r.json"), "drift: reference"),
+    "drift-not-json": (_drift(reference="drift/reference.pkl"), "must be a .json"),
+    "drift-reference-not-string": (_drift(reference=3), "drift.reference: expected str"),
+    "drift-inputs-not-list": (_drift(inputs="ink"), "drift.inputs: expected list"),
+    "drift-input-not-string": (_drift(inputs=[1]), "drift: inputs"),
+    "drift-input-bad-name": (_drift(inputs=["Ink level"]), "drift: inputs"),
+    "drift-input-too-long": (_drift(inputs=["i" * 33]), "drift: inputs"),
+    "drift-input-duplicate": (_drift(inputs=["ink", "ink"]), "must be unique"),
+    "drift-too-many-inputs": (_drift(inputs=[f"i{k}" for k in range(9)]), "at most 8"),
+    "drift-unknown-key": (_drift(window=10), "drift: unknown key(s): window"),
     "model-path-outside-models": (_set("models.0.path", "d.onnx"), "models[0]: path"),
     "model-path-dotdot": (_set("models.0.path", "models/../skill.toml"), "models[0]: path"),
     "model-path-absolute": (_set("models.0.path", "/models/d.onnx"), "models[0]: path"),

@@ -121,7 +121,11 @@ def test_digits_scales_raw_and_prescaled_images_to_the_model_contract() -> None:
     ):
         item = {"image": image, "scaled": True} if scaled else {"image": image}
         result = skill.process(item)
-        assert result == {"label": label, "confidence": pytest.approx(confidence, rel=1e-5)}
+        assert result == {
+            "label": label,
+            "confidence": pytest.approx(confidence, rel=1e-5),
+            "summaries": {"brightness": pytest.approx(raw.mean() / 16.0, rel=1e-5)},
+        }
         assert isinstance(result["label"], int) and isinstance(result["confidence"], float)
     assert ctx.asked == ["classifier"]
     for feed in model.feeds:

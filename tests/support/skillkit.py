@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,10 @@ from rich.console import Console
 from converters.digits import DigitsData, load_digits_data, train_digits
 from converters.onnx_export import check_onnx, export_onnx
 from converters.quantize import quantize_int8
+from skills.archive import safe_extract, write_archive
 from skills.bundle import build_bundle
+from skills.drift_reference import DriftReference
+from skills.drift_spec import write_reference
 from skills.manifest import Manifest, ModelVariant
 
 LIBRARY = Path(__file__).resolve().parents[2] / "skills" / "library"
@@ -90,10 +93,13 @@ def build_skill(
     out_dir: Path,
     *,
     config: dict[str, str] | None = None,
+    reference: DriftReference | None = None,
 ) -> Path:
     """Build a bundle from a skill source folder with the given model files.
 
-    Every file becomes a variant of the model named ``classifier``.
+    Every file becomes a variant of the model named ``classifier``; a ``reference``
+    ships as the bundle's drift reference (declared in ``[drift]``), as the hub's
+    model factory ships one.
 
     Raises:
         SkillError: the source or a model is malformed.
@@ -119,11 +125,27 @@ def build_skill(
             outputs=manifest.outputs,
             resources=manifest.resources,
             models=tuple(variants),
-            reference=manifest.reference,
             config={**dict(manifest.config), **(config or {})},
+            drift=manifest.drift if reference is None else write_reference(work, reference),
         )
         (work / "skill.toml").write_text(manifest.to_toml(), encoding="utf-8")
         return build_bundle(work, out_dir)
+
+
+def rewrite_bundle(bundle: Path, out: Path, files: Mapping[str, bytes]) -> Path:
+    """A copy of ``bundle`` at ``out`` with the content of existing ``files`` replaced.
+
+    What a publisher who skipped :func:`skills.bundle.build_bundle`'s checks ships:
+    the manifest still matches, the replaced files need not be valid.
+
+    Raises:
+        SkillError: the bundle does not extract, or a name is not in it.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "bundle"
+        safe_extract(bundle, root)
+        write_archive(root, out, overrides=files)
+    return out
 
 
 def write_holdout(data: DigitsData, path: Path, limit: int | None = None) -> int:

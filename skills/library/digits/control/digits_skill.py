@@ -5,6 +5,10 @@ Items carry ``image``: an array or nested list of 64 values, shaped ``[8, 8]`` o
 0..16; with ``"scaled": true`` the values are already in [0, 1].
 The model (``classifier``) takes ``image`` float32 ``[N, 1, 8, 8]`` in [0, 1] and
 returns ``logits`` ``[N, 10]``.
+
+Each result also carries the image's input summary for drift detection,
+``summaries = {"brightness": mean pixel value in [0, 1]}``: the one the hub's
+drift reference holds (``cloud.models.references``) when the bundle ships one.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class DigitsSkill(Skill):
         """Classify ``item["image"]``.
 
         Returns:
-            ``{"label": int, "confidence": float}``.
+            ``{"label": int, "confidence": float, "summaries": {"brightness": float}}``.
 
         Raises:
             ValueError: The image is malformed.
@@ -87,7 +91,8 @@ class DigitsSkill(Skill):
         """
         if self._model is None or self._ctx is None:
             raise RuntimeError("process() before setup()")
-        logits = self._model.run({"image": _image_batch(item)})["logits"]
+        batch = _image_batch(item)
+        logits = self._model.run({"image": batch})["logits"]
         probabilities = _softmax(np.asarray(logits, dtype=np.float64).reshape(-1))
         label = int(probabilities.argmax())
         confidence = float(probabilities[label])
@@ -100,4 +105,5 @@ class DigitsSkill(Skill):
                     "min_confidence": self._min_confidence,
                 }
             )
-        return {"label": label, "confidence": confidence}
+        summaries = {"brightness": float(batch.mean())}
+        return {"label": label, "confidence": confidence, "summaries": summaries}

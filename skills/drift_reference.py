@@ -1,11 +1,13 @@
 """A skill's drift reference: what its live statistics are compared with.
 
 The hub builds it from the data a skill version was validated on
-(:func:`build_reference`) and ships it in the signed bundle as JSON; the agent
-reads it back with :meth:`DriftReference.from_json`. A bundle's content is not
-trusted: the parser caps the size of everything (:class:`ReferenceLimits`),
-refuses NaN, infinities, duplicate keys, unknown keys, wrong types and
-inconsistent values, and says what is wrong in a :class:`DriftReferenceError`.
+(:func:`build_reference`) and ships it in the signed bundle as JSON (the path
+the manifest's ``[drift]`` table names); the agent reads it back with
+:meth:`DriftReference.from_json`. A bundle's content is not trusted: the parser
+caps the size of everything (:class:`ReferenceLimits`), refuses NaN,
+infinities, duplicate keys, unknown keys, wrong types and inconsistent values,
+and says what is wrong in a :class:`~skills.errors.DriftReferenceError` (the
+bundle publisher's fault).
 
 Pure numpy and the standard library: the hub and the agent share this module.
 """
@@ -23,14 +25,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from edge_agent.drift._checks import check_int, finite_array
-from edge_agent.drift.windowed import Histogram
-from edge_agent.errors import DriftReferenceError
+from skills.drift_stats import Histogram, check_int, finite_array
+from skills.errors import DriftReferenceError
 
 __all__ = [
     "DEFAULT_LIMITS",
     "REFERENCE_FORMAT",
     "DriftReference",
+    "Histogram",
     "InputReference",
     "ReferenceLimits",
     "build_reference",
@@ -339,7 +341,7 @@ def build_reference(
     The confidence histogram has up to ``bins`` equal-mass bins (quantile edges;
     ties merge bins). Each input keeps its sorted sample, or ``max_points``
     quantiles at probabilities ``(i + 0.5) / max_points`` when larger. Class names
-    are ``str(prediction)``, as :class:`~edge_agent.drift.summary.DriftMonitor` uses.
+    are ``str(prediction)``, as the agent's drift monitor names them.
 
     Args:
         predictions: The predicted class per sample (1-D).
