@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error", "signed_desired", "security_event")
+    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error", "signed_desired", "security_event", "drift_samples")
     ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class Envelope(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SIGNED_DESIRED_FIELD_NUMBER: _ClassVar[int]
     SECURITY_EVENT_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     id: str
     device_id: str
     sent_at_ms: int
@@ -36,7 +37,8 @@ class Envelope(_message.Message):
     error: Error
     signed_desired: SignedDesired
     security_event: SecurityEvent
-    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., signed_desired: _Optional[_Union[SignedDesired, _Mapping]] = ..., security_event: _Optional[_Union[SecurityEvent, _Mapping]] = ...) -> None: ...
+    drift_samples: DriftSamples
+    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., signed_desired: _Optional[_Union[SignedDesired, _Mapping]] = ..., security_event: _Optional[_Union[SecurityEvent, _Mapping]] = ..., drift_samples: _Optional[_Union[DriftSamples, _Mapping]] = ...) -> None: ...
 
 class HardwareProfile(_message.Message):
     __slots__ = ("arch", "accelerator", "board", "targets", "cpu_count", "memory_bytes")
@@ -194,6 +196,30 @@ class Telemetry(_message.Message):
     latency_p95_ms: float
     errors: int
     def __init__(self, skill: _Optional[str] = ..., version: _Optional[str] = ..., inferences: _Optional[int] = ..., labelled: _Optional[int] = ..., correct: _Optional[int] = ..., latency_p50_ms: _Optional[float] = ..., latency_p99_ms: _Optional[float] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., latency_p95_ms: _Optional[float] = ..., errors: _Optional[int] = ...) -> None: ...
+
+class DriftSample(_message.Message):
+    __slots__ = ("input", "predicted", "confidence", "label", "seen_at_ms")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SEEN_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    input: TensorProto
+    predicted: int
+    confidence: float
+    label: int
+    seen_at_ms: int
+    def __init__(self, input: _Optional[_Union[TensorProto, _Mapping]] = ..., predicted: _Optional[int] = ..., confidence: _Optional[float] = ..., label: _Optional[int] = ..., seen_at_ms: _Optional[int] = ...) -> None: ...
+
+class DriftSamples(_message.Message):
+    __slots__ = ("skill", "version", "samples")
+    SKILL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    skill: str
+    version: str
+    samples: _containers.RepeatedCompositeFieldContainer[DriftSample]
+    def __init__(self, skill: _Optional[str] = ..., version: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[DriftSample, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ids",)
