@@ -207,8 +207,14 @@ class TailServer:
         self, device_id: str, request: pb.InferRequest, deadline: float
     ) -> pb.InferResponse:
         skill, version = request.skill, request.version
-        target = await self._entitled_target(device_id, skill, version)
-        model = await self._model(target, skill, version, request.model)
+        try:  # the first request for a tail waits for its load, within its own deadline
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                target = await self._entitled_target(device_id, skill, version)
+                model = await self._model(target, skill, version, request.model)
+        except TimeoutError as exc:  # the load goes on (shielded) for the requests after it
+            raise self._refuse(
+                "deadline-exceeded", "the tail was still loading at the request's deadline"
+            ) from exc
         try:
             start, names = model.start(request.split)
         except TailLoadError as exc:

@@ -20,10 +20,11 @@ from cloud.hub import Hub
 from cloud.hubcore import HubCore
 from cloud.tail_batching import BatchSettings
 from cloud.tail_serving import TailRefusedError, TailServer, TailSettings
-from protos import pb
+from protos import make_envelope, pb
 from tests.fakes.split_hub import chain_model, reference
 from tests.support.split_skill import (
     GROUP,
+    SKILL,
     SplitSkill,
     build_split_skill,
     head,
@@ -106,6 +107,43 @@ def test_devices_not_entitled_are_refused(hub: Hub, skill: SplitSkill) -> None:
             await core.session("cam-1").infer(request(other, "input", {"x": X}))
         assert refused.value.code == "permission-denied"
         assert core.tails.batcher.passes == 0
+        await core.close()
+
+    run(main)
+
+
+def test_a_device_reporting_the_version_running_is_entitled(hub: Hub, skill: SplitSkill) -> None:
+    async def main() -> None:
+        core = serving(hub)
+        await register(core, "gw-1", kind="gateway")  # outside the deployment's group
+        with pytest.raises(TailRefusedError, match="not deployed"):
+            await core.session("gw-1").infer(request(skill, "input", {"x": X}, request_id="a"))
+        running = pb.SkillStatus(name=SKILL, version=skill.version, state="running")
+        report = make_envelope("gw-1", reported=pb.ReportedState(generation=1, skills=[running]))
+        await core.handle("gw-1", report)
+        got = await core.session("gw-1").infer(request(skill, "input", {"x": X}, request_id="b"))
+        np.testing.assert_allclose(outputs(got)["logits"], reference(X), rtol=1e-5, atol=1e-5)
+        await core.close()
+
+    run(main)
+
+
+def test_the_first_load_of_a_tail_is_bounded_by_the_deadline(hub: Hub, skill: SplitSkill) -> None:
+    async def main() -> None:
+        core = serving(hub)
+        await register(core, "cam-1")
+        session = core.session("cam-1")
+        await session.infer(request(skill, "input", {"x": X}, request_id="warm"))  # entitled
+        hurried = request(skill, "joint", {"image": IMAGE}, model="big", request_id="j1")
+        hurried.deadline_ms = 1  # the big model is not loaded yet: loading takes longer
+        with pytest.raises(TailRefusedError, match="still loading") as refused:
+            await session.infer(hurried)
+        assert refused.value.code == "deadline-exceeded"
+        patient = request(skill, "joint", {"image": IMAGE}, model="big", request_id="j2")
+        got = await session.infer(patient)  # the load went on; this one is served
+        assert skill.big is not None
+        want = run_full(skill.big, {"image": IMAGE})["scores"]
+        np.testing.assert_allclose(outputs(got)["scores"], want, rtol=1e-6)
         await core.close()
 
     run(main)

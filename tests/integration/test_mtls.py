@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from cloud.grpc_server import ServerTls, start_grpc_server
@@ -24,6 +25,7 @@ from cloud.service import FleetService
 from cloud.store import Store, open_store
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport, open_transport
+from protos import edgeskill_pb2_grpc as pb_grpc
 from protos import kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from skills.trust import TrustRepository
@@ -131,6 +133,38 @@ def test_a_certificate_for_another_device_cannot_act_as_this_one(tmp_path: Path)
                 with pytest.raises(TransportError, match="PERMISSION_DENIED"):
                     await t.fetch(hub.target_path, 10**6)
             assert hub.core.dropped["identity-mismatch"] == 2  # refused once, not retried
+
+    asyncio.run(scenario())
+
+
+def test_infer_tail_names_the_device_by_its_certificate_not_the_request(tmp_path: Path) -> None:
+    async def ping(hub: TlsHub, cert: DeviceCredentials, claimed: str) -> pb.InferResponse:
+        leaf = cert.client
+        creds = grpc.ssl_channel_credentials(
+            hub.creds.ca.read_bytes(), leaf.key.read_bytes(), leaf.cert.read_bytes()
+        )
+        async with grpc.aio.secure_channel(f"127.0.0.1:{hub.port}", creds) as channel:
+            ask = pb.InferRequest(
+                device_id=claimed, model="net", split="ping", skill="splitter",
+                version="1.0.0", request_id="p1", deadline_ms=2000,
+            )  # fmt: skip
+            return await pb_grpc.HubStub(channel).InferTail(ask, timeout=5)
+
+    async def scenario() -> None:
+        async with tls_hub(tmp_path) as hub:
+            c = hub.creds
+            t = open_transport(hub.url(), "cam-1", ca=c.ca, cert=c.client.cert, key=c.client.key)
+            async with t:
+                await _registers(t, "cam-1")
+                cam3 = issue_device_credentials(tmp_path / "home", "cam-3", hub.certs)
+                # cam-3 never registered: naming the registered cam-1 in the field changes nothing.
+                with pytest.raises(grpc.aio.AioRpcError, match="register first") as refused:
+                    await ping(hub, cam3, "cam-1")
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                # cam-1's own certificate is served whatever the field says.
+                answer = await ping(hub, c, "someone-else")
+                assert answer.request_id == "p1" and not answer.outputs
+                assert hub.core.tails.counts["ping"] == 1
 
     asyncio.run(scenario())
 
