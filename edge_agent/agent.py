@@ -23,6 +23,7 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.config import AgentConfig
 from edge_agent.desired_gate import DesiredGate
+from edge_agent.drift_samples import SampleWatch
 from edge_agent.drift_watch import DriftWatch
 from edge_agent.errors import AgentError, RuntimeBackendError, TransportError
 from edge_agent.hublink import HubLink
@@ -38,8 +39,10 @@ from edge_agent.split.runtime import SplitRuntime
 from edge_agent.transport import AgentTransport
 from edge_agent.workload import ReplaySource, WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
+from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from skills.errors import FetchError, TrustError
+from skills.manifest import Manifest
 from skills.trust.director import InstructionError
 
 __all__ = ["Agent", "HubLink", "TransportFactory"]
@@ -58,6 +61,9 @@ _FIRST_REFRESH_POLL_S = 0.5
 _EVENT_WINDOW_S = 1.0
 #: Seconds the agent's modules get to end once cancelled.
 _STOP_GRACE_S = 10.0
+#: Drift samples are optional: none join an outbox already this full (a hub not acking,
+#: a long outage), so they never take the place of telemetry in it.
+_SAMPLES_BACKLOG = 100
 
 
 async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
@@ -162,6 +168,9 @@ class Agent:
         self.windows: dict[tuple[str, str], WindowStats] = {}
         #: Drift against each running version's bundled reference, per telemetry window.
         self.drift = DriftWatch(clock)
+        #: Capped low-confidence inputs, per window, of the versions whose deployment asks.
+        self.samples = SampleWatch(config.drift_sample_caps)
+        self.drift_samples_skipped = 0
         #: Running totals exported as metrics.
         self.inference_counts = InferenceCounter()
         self.outbox_dropped_total = 0
@@ -446,6 +455,8 @@ class Agent:
         skill_dir = getattr(proc, "skill_dir", None)  # a simulated skill has no folder
         if isinstance(skill_dir, Path):
             self.drift.attach(name, version, skill_dir, proc.manifest)
+        if isinstance(getattr(proc, "manifest", None), Manifest):
+            self.samples.attach(name, version, proc.manifest, self._deployment_config(name))
         if not isinstance(proc, SkillProcess):  # a lighter stand-in (simulator, tests)
             return
         try:
@@ -456,6 +467,12 @@ class Agent:
     def _skill_stopped(self, name: str) -> None:
         self.splits.detach(name)
         self.drift.detach(name)
+        self.samples.detach(name)
+
+    def _deployment_config(self, name: str) -> dict[str, str]:
+        """The desired state's config of a skill (without its bundle's defaults)."""
+        specs = self.desired.skills if self.desired else ()
+        return next((dict(s.config) for s in specs if s.name == name), {})
 
     async def _workload(self) -> None:
         source = self._source
@@ -490,6 +507,7 @@ class Agent:
                 infers = proc.drain_infers() if isinstance(proc, SkillProcess) else []
                 window.record(result, ms, label, infers[-1] if infers else ())
                 self.drift.observe(key, result, label)
+                self.samples.observe(key, item, result, label, now_ms())
                 self.splits.learn_device(*key, (r for item in infers for r in item))
                 window.add_events(len(proc.drain_events()))
                 self.inference_counts.add(*key)
@@ -504,6 +522,7 @@ class Agent:
         # Both closed together, before any await: a result lands in one window of each.
         windows, self.windows = self.windows, {}
         drift = self.drift.flush_all()
+        samples = self.samples.flush_all()
         for key, stats in windows.items():
             if stats.inferences:
                 dropped = await asyncio.to_thread(self.outbox.take_dropped)
@@ -516,6 +535,11 @@ class Agent:
                 await asyncio.to_thread(_write_int, seq_file, self._seq)
                 msg.metrics["seq"] = float(self._seq)
                 await self.enqueue(make_envelope(self.config.device_id, telemetry=msg))
+        if samples and await asyncio.to_thread(len, self.outbox) >= _SAMPLES_BACKLOG:
+            self.drift_samples_skipped += sum(len(m.samples) for m in samples)
+            samples = []
+        for message in samples:  # one envelope per version, after its telemetry window
+            await self.enqueue(make_envelope(self.config.device_id, drift_samples=message))
 
 
 def _read_int(path: Path) -> int:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent.drift_samples import SampleCaps
 from edge_agent.sandbox.policy import OwnerLimits
 
 
@@ -43,6 +44,9 @@ class AgentConfig:
         metadata_refresh_s: how often the agent refreshes its TUF metadata while nothing is
             deployed, so that a frozen or replaying hub is noticed and reported.
         skill_limits: the device owner's caps for every skill; manifests can only lower them.
+        drift_sample_caps: the device owner's caps on the drift samples of each skill
+            version per telemetry window (``max_count=0``: none leave this device); a
+            deployment's ``drift.samples*`` config can only ask less.
     """
 
     hub_url: str
@@ -70,3 +74,4 @@ class AgentConfig:
     renew_check_s: float = 3600.0
     metadata_refresh_s: float = 300.0
     skill_limits: OwnerLimits = field(default_factory=OwnerLimits)
+    drift_sample_caps: SampleCaps = field(default_factory=SampleCaps)

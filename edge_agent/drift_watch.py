@@ -20,6 +20,9 @@ publisher's fault) is logged once per version, and the skill runs on without
 drift statistics. A result the monitor cannot use (a class that is neither a
 string nor an integer, a confidence that is not a finite number) is skipped
 and logged once per version.
+
+The inputs themselves (a capped sample of the least sure ones, opt-in per
+deployment) go up beside these metrics, from :mod:`edge_agent.drift_samples`.
 """
 
 from __future__ import annotations
