@@ -32,7 +32,7 @@ from cloud.hub_config import (
 )
 from cloud.hubcore import HubCore
 from cloud.leader import Election, open_election
-from cloud.loops import LoopHost, periodic
+from cloud.loops import LoopFactory, LoopHost, periodic
 from cloud.metrics import start_hub_metrics
 from cloud.pki import init_hub_pki
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
@@ -258,6 +258,7 @@ class Hub:
             leader_only=True,
         )
         host.add("rollouts", RolloutLoop(self.store).factory(), leader_only=True)
+        host.add("drift", self._drift_loop(), leader_only=True)
         if not self.config.insecure:
             host.add(
                 "crl-refresh",
@@ -265,6 +266,16 @@ class Hub:
                 leader_only=True,
             )
         return host
+
+    def _drift_loop(self) -> LoopFactory:
+        # The drift loop drives incidents through the fleet service, which is built on
+        # this hub (cloud.service imports cloud.hub, so not at the top).
+        from cloud.drift_loop import DriftLoop  # noqa: PLC0415
+        from cloud.drift_retrain import Retrainer  # noqa: PLC0415
+        from cloud.service import FleetService  # noqa: PLC0415
+
+        fleet = FleetService(self)
+        return DriftLoop(fleet, Retrainer(fleet)).factory()
 
     async def _refresh_crl(self) -> None:
         # Mosquitto refuses every client once its CRL expires; re-sign it well before.

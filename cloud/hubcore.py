@@ -22,12 +22,15 @@ from dataclasses import dataclass
 
 from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
+from cloud.drift_samples import DEFAULT_CAPS as DEFAULT_SAMPLE_CAPS
+from cloud.drift_samples import SampleCaps, samples_from_wire
 from cloud.errors import HubError, NotFoundError, ValidationError
 from cloud.fetch_serving import fetch_error_code, open_repository_file
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
 from cloud.store import Store
+from cloud.store.drift import KEEP_SAMPLES
 from cloud.store.events import EVENT_DEVICE, EVENT_SECURITY, NewEvent
 from cloud.store.state import ReportItem
 from cloud.tail_serving import TailRefusedError, TailServer, TailSettings
@@ -86,6 +89,9 @@ class HubLimits:
     unknown_ttl_s: float = 5.0
     #: How often the desired-state notifier polls the store.
     desired_poll_s: float = 0.5
+    #: Caps on one drift-sample envelope, and the samples kept per skill version.
+    drift_samples: SampleCaps = DEFAULT_SAMPLE_CAPS
+    drift_samples_kept: int = KEEP_SAMPLES
 
 
 def check_device_id(device_id: str) -> str:
@@ -356,12 +362,23 @@ class HubCore:
             await self.telemetry.submit(env.id, device_id, record)
         elif kind == "security_event":
             await asyncio.to_thread(self._save_event, device_id, env)
+        elif kind == "drift_samples":
+            await self._save_samples(device_id, env)
         elif kind != "ack":
             raise ProtocolError(f"devices may not send {kind!r}")
         self.handled[kind] += 1
         if kind in ACKED_KINDS:
             return [ack_envelope(device_id, env.id)]
         return []
+
+    async def _save_samples(self, device_id: str, env: pb.Envelope) -> None:
+        """Check a drift-sample envelope whole, then store it once; acked after the commit."""
+        batch = samples_from_wire(env.drift_samples, self.limits.drift_samples)
+        save = functools.partial(
+            self.store.add_drift_samples, keep=self.limits.drift_samples_kept, now_ms=now_ms()
+        )
+        if not await asyncio.to_thread(save, env.id, device_id, batch):
+            self.handled["duplicate"] += 1  # a resend whose first copy another process stored
 
     def _save_event(self, device_id: str, env: pb.Envelope) -> None:
         event = security_event_record(env.security_event)

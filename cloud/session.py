@@ -55,10 +55,10 @@ __all__ = [
 
 #: Envelope kinds a device may send.
 DEVICE_KINDS = frozenset(
-    {"register", "heartbeat", "reported", "telemetry", "ack", "security_event"}
+    {"register", "heartbeat", "reported", "telemetry", "ack", "security_event", "drift_samples"}
 )
 #: Kinds the hub acknowledges once handled (the agent's outbox waits for it).
-ACKED_KINDS = frozenset({"reported", "telemetry", "security_event"})
+ACKED_KINDS = frozenset({"reported", "telemetry", "security_event", "drift_samples"})
 #: Most message ids one ack envelope carries (an id is at most 64 bytes).
 MAX_ACK_IDS = 256
 #: A safety net: a desired-state change normally arrives through the notifier.

@@ -15,6 +15,7 @@ import typer.main
 
 from edgeskill import cli_broker as broker_cli
 from edgeskill import cli_deploy as deploy_cli
+from edgeskill import cli_drift as drift_cli
 from edgeskill import cli_fleet as fleet_cli
 from edgeskill import cli_hub as hub_cli
 from edgeskill import cli_model as model_cli
@@ -46,6 +47,7 @@ claim_app = hub_cli.claim_app
 app.add_typer(model_cli.app, name="model")
 app.add_typer(trust_cli.app, name="trust")
 app.add_typer(broker_cli.app, name="broker")
+app.add_typer(drift_cli.drift_app, name="drift")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),

@@ -59,7 +59,17 @@ __all__ = [
 DEFAULT_PREFIX = "edgeskill/v1"
 #: Message kinds a device may publish, by topic.
 UP_KINDS = frozenset(
-    {"register", "heartbeat", "reported", "telemetry", "ack", "fetch", "security_event", "infer"}
+    {
+        "register",
+        "heartbeat",
+        "reported",
+        "telemetry",
+        "ack",
+        "fetch",
+        "security_event",
+        "infer",
+        "drift_samples",
+    }
 )
 #: Message kinds the hub publishes to a device.
 DOWN_KINDS = frozenset({"welcome", "desired", "signed_desired", "ack", "error", "fetch", "infer"})

@@ -8,6 +8,7 @@ method returns frozen views from :mod:`cloud.service.views` and raises only
 
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService
+from cloud.service.drift import DriftService, IncidentView
 from cloud.service.events import EventService
 from cloud.service.fleet import FleetService
 from cloud.service.skills import SkillService
@@ -37,11 +38,13 @@ __all__ = [
     "DeviceRolloutView",
     "DeviceService",
     "DeviceView",
+    "DriftService",
     "EventService",
     "EventView",
     "FleetService",
     "GroupService",
     "GroupView",
+    "IncidentView",
     "PublishedSkill",
     "RolloutView",
     "SkillDetailView",

@@ -5,12 +5,18 @@ from __future__ import annotations
 from cloud.errors import ValidationError
 from cloud.service.views import EventView
 from cloud.store import Store
-from cloud.store.events import EVENT_DEPLOYMENT, EVENT_DEVICE, EVENT_SECURITY, EVENT_SKILL
+from cloud.store.events import (
+    EVENT_DEPLOYMENT,
+    EVENT_DEVICE,
+    EVENT_DRIFT,
+    EVENT_SECURITY,
+    EVENT_SKILL,
+)
 
 __all__ = ["EVENT_KINDS", "EventService"]
 
 #: The kinds of events the hub records.
-EVENT_KINDS = (EVENT_DEPLOYMENT, EVENT_DEVICE, EVENT_SECURITY, EVENT_SKILL)
+EVENT_KINDS = (EVENT_DEPLOYMENT, EVENT_DEVICE, EVENT_DRIFT, EVENT_SECURITY, EVENT_SKILL)
 
 
 class EventService:

@@ -12,6 +12,7 @@ from cloud.hub_config import HubConfig, TlsFiles
 from cloud.models import ModelFactory
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService, IdentityService
+from cloud.service.drift import DriftService
 from cloud.service.events import EventService
 from cloud.service.skills import SkillService
 from cloud.service.telemetry import TelemetryService
@@ -21,7 +22,7 @@ __all__ = ["FleetService"]
 
 
 class FleetService:
-    """Devices, groups, skills, deployments, telemetry, events and models of one hub.
+    """Devices, groups, skills, deployments, telemetry, events, drift and models of one hub.
 
     Open it with :meth:`open` (or :meth:`init` for a new hub) and close it when
     done; it is a context manager. Every method raises only :class:`cloud.errors.HubError`
@@ -38,6 +39,7 @@ class FleetService:
         self.events = EventService(hub.store)
         self.telemetry = TelemetryService(hub.store)
         self.identity = IdentityService(hub.home)
+        self.drift = DriftService(hub.store, clock)
 
     @classmethod
     def open(cls, home: Path) -> FleetService:

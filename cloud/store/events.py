@@ -28,6 +28,7 @@ from cloud.store.schema import hub_events
 __all__ = [
     "EVENT_DEPLOYMENT",
     "EVENT_DEVICE",
+    "EVENT_DRIFT",
     "EVENT_SECURITY",
     "EVENT_SKILL",
     "KEEP_EVENTS",
@@ -49,6 +50,8 @@ EVENT_DEVICE = "device"
 EVENT_DEPLOYMENT = "deployment"
 #: A device reported something it refused or contained.
 EVENT_SECURITY = "security"
+#: A drift incident opened, moved a stage (retraining, built, canary) or ended.
+EVENT_DRIFT = "drift"
 
 MAX_EVENT_MESSAGE_BYTES = 4000
 MAX_EVENT_SUBJECT_BYTES = 255

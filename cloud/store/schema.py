@@ -255,4 +255,5 @@ telemetry = Table(
     Index(None, "skill"),
 )
 
+from cloud.store import drift_schema as _drift_schema  # noqa: E402, F401 - drift loop tables
 from cloud.store import models_schema as _models_schema  # noqa: E402, F401 - model factory tables

@@ -25,8 +25,10 @@ from cloud.store import telemetry as tele
 from cloud.store.desired import recompute
 from cloud.store.devices import DeviceTables
 from cloud.store.director import DirectorTables
+from cloud.store.drift import DriftTables
 from cloud.store.engine import create_store_engine, upgrade_schema
 from cloud.store.events import EVENT_DEPLOYMENT, EventTables, NewEvent, insert_events
+from cloud.store.incidents import IncidentTables
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
     DEPLOYMENT_ACTIVE,
@@ -92,7 +94,16 @@ def _reactivate(conn: Connection, aborted: DeploymentRecord) -> DeploymentRecord
     return DeploymentRecord(**{**asdict(deployment_record(row)), "state": DEPLOYMENT_ACTIVE})
 
 
-class Store(DeviceTables, SkillTables, StateTables, DirectorTables, EventTables, RolloutTables):
+class Store(
+    DeviceTables,
+    SkillTables,
+    StateTables,
+    DirectorTables,
+    EventTables,
+    RolloutTables,
+    DriftTables,
+    IncidentTables,
+):
     """The hub's store; build it with :func:`open_store`.
 
     Safe to share between threads (each call checks out its own connection)

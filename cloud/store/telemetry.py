@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import ColumnElement, Connection, Row, func, select
 
 from cloud.errors import StoreError, ValidationError
 from cloud.store import checks as check
@@ -174,14 +174,21 @@ def _to_record(row: Row[Any]) -> TelemetryRecord:
 
 
 def select_telemetry(
-    conn: Connection, device_id: str | None, skill: str | None, limit: int
+    conn: Connection,
+    device_id: str | None,
+    skill: str | None,
+    limit: int,
+    *,
+    where: ColumnElement[bool] | None = None,
 ) -> list[TelemetryRecord]:
-    """Read the latest ``limit`` windows, returned oldest first.
+    """Read the latest ``limit`` windows (that match ``where``, if given), oldest first.
 
     Raises:
         StoreError: A stored row is corrupt.
     """
     query = select(telemetry)
+    if where is not None:
+        query = query.where(where)
     if device_id is not None:
         query = query.where(telemetry.c.device_id == device_id)
     if skill is not None:

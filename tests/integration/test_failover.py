@@ -110,12 +110,14 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             **EVERY_PROCESS,
             "timestamp-refresh": 1,
             "rollouts": 1,
+            "drift": 1,
         }
         assert leader_gauges(follower.metrics_port) == {
             "leader": 0,
             **EVERY_PROCESS,
             "timestamp-refresh": 0,
             "rollouts": 0,
+            "drift": 0,
         }
 
         killed_at = time.monotonic()
@@ -133,6 +135,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             **EVERY_PROCESS,
             "timestamp-refresh": 1,
             "rollouts": 1,
+            "drift": 1,
         }
         fleet.stop_all()  # before the schema is dropped
 
