@@ -291,9 +291,14 @@ class DriftLoop:
         if existing:
             dep_id = existing[-1].id
         else:
+            canary = _canary(settings.canary)
+            accuracy = {"max": settings.accuracy_gate, "min_samples": settings.canary_min_samples}
             plan = {
-                "strategy": "canary", "canary": _canary(settings.canary), "then": "all",
-                "gates": {**_SAFETY_GATES, "accuracy_drop": settings.accuracy_gate},
+                "strategy": "canary", "canary": canary, "then": "all",
+                "wave_interval_s": settings.canary_wait_s,
+                # Device gates need no more devices than a small canary has.
+                "min_samples": min(10, canary) if isinstance(canary, int) else 10,
+                "gates": {**_SAFETY_GATES, "accuracy_drop": accuracy},
             }  # fmt: skip
             dep_id = self._fleet.deployments.create(
                 incident.skill, str(version), incident.group, plan=plan

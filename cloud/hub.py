@@ -185,6 +185,7 @@ class Hub:
         *,
         insecure: bool | None = None,
         heartbeat_s: int = DEFAULT_HEARTBEAT_S,
+        drift_tick_s: float | None = None,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
@@ -204,7 +205,9 @@ class Hub:
         configured ``enroll_bind``. Plain mode logs a loud warning.
 
         Every address and URL is checked, and every port probed, before the
-        serve lock is taken (see :func:`plan_serve`).
+        serve lock is taken (see :func:`plan_serve`). ``drift_tick_s`` is how
+        often the leader's drift loop runs (default
+        :data:`cloud.drift_loop.DRIFT_TICK_S`; demos and tests run it faster).
 
         Raises:
             AlreadyServingError: SQLite, and another process serves this home.
@@ -224,7 +227,7 @@ class Hub:
             election = open_election(self.home, self.config.store_url)
             stack.push_async_callback(asyncio.to_thread, election.close)
             core = self.core(heartbeat_s)
-            host = self._loop_host(core, election)
+            host = self._loop_host(core, election, drift_tick_s)
             if metrics_bind:
                 metrics = start_hub_metrics(core, self.store, metrics_bind, host)
                 stack.push_async_callback(asyncio.to_thread, metrics.stop)
@@ -247,7 +250,9 @@ class Hub:
             log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
             await stop.wait()
 
-    def _loop_host(self, core: HubCore, election: Election) -> LoopHost:
+    def _loop_host(
+        self, core: HubCore, election: Election, drift_tick_s: float | None = None
+    ) -> LoopHost:
         host = LoopHost()
         for name, factory in core.loops():
             host.add(name, factory)
@@ -258,7 +263,7 @@ class Hub:
             leader_only=True,
         )
         host.add("rollouts", RolloutLoop(self.store).factory(), leader_only=True)
-        host.add("drift", self._drift_loop(), leader_only=True)
+        host.add("drift", self._drift_loop(drift_tick_s), leader_only=True)
         if not self.config.insecure:
             host.add(
                 "crl-refresh",
@@ -267,15 +272,15 @@ class Hub:
             )
         return host
 
-    def _drift_loop(self) -> LoopFactory:
+    def _drift_loop(self, tick_s: float | None) -> LoopFactory:
         # The drift loop drives incidents through the fleet service, which is built on
         # this hub (cloud.service imports cloud.hub, so not at the top).
-        from cloud.drift_loop import DriftLoop  # noqa: PLC0415
+        from cloud.drift_loop import DRIFT_TICK_S, DriftLoop  # noqa: PLC0415
         from cloud.drift_retrain import Retrainer  # noqa: PLC0415
         from cloud.service import FleetService  # noqa: PLC0415
 
         fleet = FleetService(self)
-        return DriftLoop(fleet, Retrainer(fleet)).factory()
+        return DriftLoop(fleet, Retrainer(fleet), tick_s=tick_s or DRIFT_TICK_S).factory()
 
     async def _refresh_crl(self) -> None:
         # Mosquitto refuses every client once its CRL expires; re-sign it well before.

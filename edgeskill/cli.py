@@ -204,6 +204,13 @@ def demo(
             help="Split inference instead: one agent behind an emulated link; the cut follows it.",
         ),
     ] = False,
+    drift: Annotated[
+        bool,
+        typer.Option(
+            "--drift",
+            help="Drift instead: three of four cameras see shifted digits; the hub retrains.",
+        ),
+    ] = False,
 ) -> None:
     """Hub + three agents end to end: train, sign, deploy to cameras, classify, report.
 
@@ -211,12 +218,26 @@ def demo(
     classifies photos with EfficientNet-Lite0 split between device and hub, the
     link changes, and a table shows the cut the agent chose in each phase.
 
+    With --drift: four cameras (gRPC); three are restarted on shifted digits, the
+    hub's drift loop opens an incident, retrains, canaries and promotes the next
+    version; a table shows each phase and drift.png plots fleet accuracy.
+
     Examples:
       edgeskill demo
       edgeskill demo --transport mqtt
       edgeskill demo --keep --workdir demo-state
       edgeskill demo --split
+      edgeskill demo --drift --workdir drift-demo
     """
+    if drift:
+        if keep or transport != "grpc" or split:
+            print_error(
+                "--drift runs over gRPC and stops when done (no --keep, --transport, --split)"
+            )
+            raise typer.Exit(2)
+        from edgeskill.demo_drift import run_drift_demo  # noqa: PLC0415
+
+        raise typer.Exit(run_drift_demo(console, workdir=workdir))
     if split:
         if keep or transport != "grpc":
             print_error("--split runs over gRPC and stops when done (no --keep, no --transport)")

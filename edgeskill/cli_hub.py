@@ -188,6 +188,12 @@ def hub_serve(
             help="How often devices send a heartbeat (1 to 300); one silent for two is offline.",
         ),
     ] = "5",
+    drift_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.1, max=3600.0, help="Seconds between passes of the drift loop (demos: ~1)."
+        ),
+    ] = 30.0,
     verbose: Annotated[
         bool, typer.Option(help="Log debug lines, and the libraries' INFO lines too.")
     ] = False,
@@ -227,6 +233,7 @@ def hub_serve(
                 metrics_bind,
                 insecure=insecure or None,
                 heartbeat_s=heartbeat_s,
+                drift_tick_s=drift_interval,
             )
         )
 

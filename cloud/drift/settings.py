@@ -42,6 +42,11 @@ class DriftSettings:
         canary: The canary's size, ``"10%"`` or a device count.
         accuracy_gate: Most accuracy points the canary may lose against the
             running version (the rollout's ``accuracy_drop`` gate).
+        canary_wait_s: Seconds from the canary's start before the rest of the
+            group gets the version, its gates holding (the rollout's
+            ``wave_interval_s``).
+        canary_min_samples: Labelled inferences the canary's accuracy gate needs
+            before it judges.
 
     Raises:
         ValidationError: A bad setting.
@@ -54,6 +59,8 @@ class DriftSettings:
     min_gain: float = 0.0
     canary: str = "34%"
     accuracy_gate: float = 2.0
+    canary_wait_s: float = 60.0
+    canary_min_samples: int = 10
 
     def __post_init__(self) -> None:
         """Check the settings beside the policy's own checks."""
@@ -67,6 +74,12 @@ class DriftSettings:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             _check(ok and math.isfinite(value) and 0 <= value <= 100, f"{name}={value!r} bad")
         _check(isinstance(self.canary, str) and bool(self.canary), "canary needs a size")
+        wait = self.canary_wait_s
+        ok = isinstance(wait, int | float) and not isinstance(wait, bool)
+        _check(ok and math.isfinite(wait) and 0 <= wait <= 86_400, f"canary_wait_s={wait!r} bad")
+        m = self.canary_min_samples
+        ok = isinstance(m, int) and not isinstance(m, bool) and 1 <= m <= 1_000_000
+        _check(ok, f"canary_min_samples={m!r} not in 1..1000000")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a flat table (policy keys beside the others)."""
