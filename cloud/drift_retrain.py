@@ -147,13 +147,22 @@ class Retrainer:
     def usable(self, incident: IncidentState, settings: DriftSettings) -> Labelled:
         """The incident's samples that can be trained on, with their labels.
 
+        Only samples seen from the start of the window that opened the incident count.
+
         Raises:
             FactoryError: No running model, or the teacher does not run.
             NotFoundError: The teacher named in the settings does not exist.
             StoreError: The store failed.
         """
         model = self._need_model(incident)
-        stored = self._fleet.drift.samples(incident.skill, incident.version)[-MAX_RETRAIN_SAMPLES:]
+        # What the devices saw from the window that raised the alarm on: older samples
+        # are of the world before the shift, which the running model knows already.
+        since = incident.opened_ms - int(settings.policy.window_s * 1000)
+        stored = [
+            s
+            for s in self._fleet.drift.samples(incident.skill, incident.version)
+            if s.seen_at_ms >= since
+        ][-MAX_RETRAIN_SAMPLES:]
         kept = [(s, img) for s in stored if (img := _image(s, model.image_size)) is not None]
         labels = np.array([s.label for s, _ in kept], dtype=np.int64)
         x = np.stack([img for _, img in kept]) if kept else np.zeros((0, 1, 1, 1), np.float32)

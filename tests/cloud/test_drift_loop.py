@@ -175,7 +175,7 @@ def test_an_improving_model_is_built_and_canaried_with_the_accuracy_gate(hub: Hu
     )
     rollout = fleet.deployments.rollout(dep.id)
     assert rollout is not None and rollout.plan["gates"] == {
-        "accuracy_drop": {"max": 2.0},
+        "accuracy_drop": {"max": 2.0, "min_samples": 10},
         "health": {"max": 0.1},
         "install_failure": {"max": 0.1},
     }

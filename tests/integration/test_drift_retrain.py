@@ -28,6 +28,7 @@ from cloud.hub import Hub
 from cloud.hubcore import HubCore
 from cloud.service import FleetService
 from protos import make_envelope, pb
+from protos.envelope import now_ms
 from skills.tensor_codec import encode_protos
 
 EPOCHS = 2
@@ -66,7 +67,7 @@ def shifted_samples(core: HubCore, count: int) -> None:
                     predicted=0,
                     confidence=0.3,
                     label=int(y[i]),
-                    seen_at_ms=1,
+                    seen_at_ms=now_ms(),  # after the world changed: what retraining takes
                 )
                 for i in picks[start : start + 32]
             ]
