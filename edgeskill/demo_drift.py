@@ -64,7 +64,7 @@ RATE_HZ = "40"
 #: A short policy and loop, so the whole loop closes in a minute or two.
 SETTINGS: dict[str, Any] = {
     "psi_threshold": 1.0, "min_devices": 3, "min_share": 0.5, "min_samples": 30, "min_labelled": 20,
-    "window_s": 4.0, "hold_s": 0.0, "cooldown_s": 0.0, "retrain_samples": 600,
+    "window_s": 4.0, "hold_s": 0.0, "cooldown_s": 0.0, "retrain_samples": 1500,
     "canary": "2", "canary_wait_s": 3.0, "canary_min_samples": 40,
 }  # fmt: skip
 DEPLOY_CONFIG = {"drift.samples": "on", "drift.samples_below": "1.0", "drift.samples_max": "24"}
