@@ -222,9 +222,12 @@ def main() -> None:
         "seconds": round(time.perf_counter() - started, 1),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"meta": meta, "detectors": rows}, indent=2) + "\n", encoding="utf-8"
-    )
+    try:  # bench_drift_loop.py writes the "loop" key: keep it
+        kept = json.loads(RESULTS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kept = {}
+    doc = {**(kept if isinstance(kept, dict) else {}), "meta": meta, "detectors": rows}
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {RESULTS} in {meta['seconds']} s")
 
 
