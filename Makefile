@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt 
 $(STAMP): pyproject.toml requirements-tflite.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[hub,dev]'
+	$(PY) -m pip install -q -e '.[hub,dev,ray]'
 	$(PY) -m pip install -q --no-deps -r requirements-tflite.txt
 	rm -f $(VENV)/.installed-*
 	touch $@

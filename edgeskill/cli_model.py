@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         VariantMetrics,
         VariantRecord,
     )
+    from cloud.models.job_backends import JobBackend
 
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
 app = typer.Typer(
@@ -102,18 +103,41 @@ def train(
         int | None, typer.Option(help="Resume this failed or interrupted job instead.")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Also copy the model's ONNX file here.")] = None,
-    threads: Annotated[int, typer.Option(help="Torch threads of the job process.")] = (
-        os.cpu_count() or 1
-    ),
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="Torch threads of the job (on ray also the CPUs it asks for; "
+            "default: every CPU here, 1 on ray)."
+        ),
+    ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            envvar="EDGESKILL_JOB_BACKEND",
+            help="Where the job runs: local (a worker process) or ray (the 'ray' extra).",
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EDGESKILL_RAY_ADDRESS",
+            help="The Ray cluster: auto, host:port or ray://host:port "
+            "(default: a Ray instance started for this command).",
+        ),
+    ] = None,
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Train a model in a separate job process (checkpoint every epoch, resumable).
+    """Train a model in a separate job (checkpoint every epoch, resumable on either backend).
 
     Examples:
       edgeskill model train --home hub
       edgeskill model train --arch mobilenet --dataset-dir photos/ --epochs 20 --home hub
       edgeskill model train --resume 3 --home hub
+      edgeskill model train --backend ray --ray-address auto --home hub
     """
+    job_backend = _job_backend(backend, ray_address)
+    if threads is None:
+        threads = 1 if job_backend.name == "ray" else (os.cpu_count() or 1)
     with _factory(home) as factory:
         if resume is not None:
             job = factory.tables.get_job(resume)
@@ -131,7 +155,7 @@ def train(
                 record.id, arch=arch, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                 width=width, image_size=image_size, model_name=name,
             )  # fmt: skip
-        job = _run_with_progress(factory, job, max(1, threads))
+        job = _run_with_progress(factory, job, max(1, threads), job_backend)
         if job.status != "succeeded":
             console.print(f"[red]job {job.id} {job.status}:[/] {job.error}")
             console.print(f"resume it with `edgeskill model train --resume {job.id}`")
@@ -147,7 +171,21 @@ def train(
     )
 
 
-def _run_with_progress(factory: ModelFactory, job: JobRecord, threads: int) -> JobRecord:
+def _job_backend(name: str, ray_address: str | None) -> JobBackend:
+    """The backend ``--backend`` names; a bad choice ends the command with exit code 2."""
+    from cloud.errors import HubError  # noqa: PLC0415
+    from cloud.models.job_backends import backend_named  # noqa: PLC0415
+
+    try:
+        return backend_named(name, ray_address=ray_address)
+    except HubError as exc:
+        print_error(str(exc))
+        raise typer.Exit(2) from exc
+
+
+def _run_with_progress(
+    factory: ModelFactory, job: JobRecord, threads: int, backend: JobBackend
+) -> JobRecord:
     columns = (
         TextColumn("[bold]job {task.fields[job]}[/] {task.description}"),
         BarColumn(),
@@ -163,7 +201,7 @@ def _run_with_progress(factory: ModelFactory, job: JobRecord, threads: int) -> J
             metrics = f"loss {last.train_loss:.3f}  val acc {last.val_accuracy:.3f}"
             progress.update(task, completed=len(epochs), metrics=metrics)
 
-        return factory.jobs.run(job.id, on_progress=show, threads=threads)
+        return factory.jobs.run(job.id, on_progress=show, threads=threads, backend=backend)
 
 
 # -- compress and convert ------------------------------------------------------
@@ -335,15 +373,18 @@ def ls(home: HomeOpt = DEFAULT_HOME) -> None:
 @app.command("jobs")
 def jobs(home: HomeOpt = DEFAULT_HOME) -> None:
     """List training jobs and their state."""
-    table = Table("job", "model", "arch", "data set", "status", "epochs", "last val acc", "error")
+    table = Table(
+        "job", "model", "arch", "data set", "status", "epochs", "last val acc", "ran on", "error"
+    )
     with _factory(home) as factory:
         for listed in factory.tables.list_jobs():
             job = factory.jobs.refresh(listed.id)
             epochs = factory.tables.job_epochs(job.id)
             last = f"{epochs[-1].val_accuracy:.3f}" if epochs else "-"
+            ran_on = ",".join(dict.fromkeys(r.backend for r in factory.jobs.runs(job.id)))
             table.add_row(
                 str(job.id), job.model_name, job.arch, str(job.dataset_id), job.status,
-                f"{len(epochs)}/{job.epochs}", last, (job.error or "")[:80],
+                f"{len(epochs)}/{job.epochs}", last, ran_on or "-", (job.error or "")[:80],
             )  # fmt: skip
     console.print(table)
 

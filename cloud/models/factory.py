@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from cloud.errors import ConflictError, NotFoundError, ValidationError
 from cloud.models.blobs import BlobStore
 from cloud.models.errors import FactoryError
+from cloud.models.job_backends import JobBackend
 from cloud.models.jobs import JobRunner, ProgressFn
 from cloud.store import checks as check
 from cloud.store.model_records import (
@@ -51,12 +52,18 @@ MAX_CHECK_SAMPLES = 256
 class ModelFactory:
     """Trains, compresses and converts models of one hub, recording their lineage."""
 
-    def __init__(self, home: Path, store: Store) -> None:
-        """Use the hub home ``home`` and its open ``store``."""
+    def __init__(self, home: Path, store: Store, *, job_backend: JobBackend | None = None) -> None:
+        """Use the hub home ``home`` and its open ``store``; run jobs on ``job_backend``.
+
+        Args:
+            home: The hub home.
+            store: Its open store.
+            job_backend: Where training jobs run by default (a local worker process if None).
+        """
         self.home = home
         self.tables = ModelTables(store.engine)
         self.blobs = BlobStore(home / BLOBS_DIR)
-        self.jobs = JobRunner(home, self.tables)
+        self.jobs = JobRunner(home, self.tables, job_backend)
 
     @classmethod
     def for_hub(cls, hub: Hub) -> ModelFactory:
@@ -138,9 +145,15 @@ class ModelFactory:
         return self.jobs.submit(dataset, spec.to_dict(), model_name=model_name)
 
     def train(
-        self, job_id: int, *, on_progress: ProgressFn | None = None, pause_s: float = 0.0
+        self,
+        job_id: int,
+        *,
+        on_progress: ProgressFn | None = None,
+        pause_s: float = 0.0,
+        threads: int = 1,
+        backend: JobBackend | None = None,
     ) -> tuple[JobRecord, ModelRecord | None]:
-        """Run (or resume) a job in a worker process and wait for it.
+        """Run (or resume) a job on a backend (default: the factory's) and wait for it.
 
         Returns:
             The job's final record and, when it succeeded, its model.
@@ -148,7 +161,9 @@ class ModelFactory:
         Raises:
             As :meth:`JobRunner.run`.
         """
-        job = self.jobs.run(job_id, on_progress=on_progress, pause_s=pause_s)
+        job = self.jobs.run(
+            job_id, on_progress=on_progress, pause_s=pause_s, threads=threads, backend=backend
+        )
         model = self.tables.get_model(job.model_name) if job.status == JOB_SUCCEEDED else None
         return job, model
 

@@ -1,6 +1,9 @@
-"""The training worker process: ``python -m cloud.models.worker HOME JOB_ID [--pause S]``.
+"""The training worker: ``python -m cloud.models.worker HOME JOB_ID [--pause S] [--backend B]``.
 
-It holds the job folder's lock, marks the job running, trains with the
+Every job backend runs this entry point: the local one as a process, the Ray one
+by calling :func:`run_job_here` in a Ray worker. It holds the job folder's lock,
+marks the job running, records the run (backend, host, pid) in the folder's
+run log, trains with the
 converters package (a checkpoint every epoch, resuming from the last one),
 copies each epoch's metrics into the model tables, and finally stores the model's
 blobs and records the model and the job's success in one transaction. A
@@ -11,7 +14,9 @@ runner (or anyone calling :meth:`JobRunner.refresh`) notices the lock is free.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +27,7 @@ from cloud.hub_config import CONFIG_FILE, HubConfig
 from cloud.models.blobs import BlobStore
 from cloud.models.datasets import dataset_source
 from cloud.models.errors import FactoryError
-from cloud.models.jobs import JOBS_DIR, LOCK_BUSY_EXIT, job_lock
+from cloud.models.jobs import JOBS_DIR, LOCK_BUSY_EXIT, JobRunEntry, job_lock, record_run
 from cloud.store import open_store
 from cloud.store.model_records import EpochRecord, JobRecord, ModelDraft
 from cloud.store.models import ModelTables
@@ -31,7 +36,7 @@ from protos.envelope import now_ms
 if TYPE_CHECKING:
     from converters.fit import EpochMetrics
 
-__all__ = ["main", "run_worker"]
+__all__ = ["main", "run_job_here", "run_worker"]
 
 BLOBS_DIR = "blobs"
 
@@ -40,7 +45,43 @@ def _epochs(metrics: Iterable[EpochMetrics]) -> list[EpochRecord]:
     return [EpochRecord(m.epoch, m.train_loss, m.val_accuracy, m.seconds) for m in metrics]
 
 
-def run_worker(home: Path, job_id: int, *, pause_s: float = 0.0) -> int:
+def run_job_here(
+    home: Path,
+    job_id: int,
+    *,
+    pause_s: float = 0.0,
+    threads: int = 1,
+    backend: str = "local",
+    log: Path | None = None,
+) -> int:
+    """Set torch's threads and run one job in this process (the entry point of every backend).
+
+    Args:
+        home: The hub home.
+        job_id: The job.
+        pause_s: Seconds to sleep after each epoch.
+        threads: Torch threads.
+        backend: The backend running this, for the job's run log.
+        log: A file this run's messages are appended to (a process backend
+            redirects the whole process's output instead).
+
+    Returns:
+        The exit code, as :func:`run_worker`.
+    """
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(max(1, threads))
+    if log is None:
+        return run_worker(home, job_id, pause_s=pause_s, backend=backend)
+    with (
+        log.open("a", encoding="utf-8") as out,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(out),
+    ):
+        return run_worker(home, job_id, pause_s=pause_s, backend=backend)
+
+
+def run_worker(home: Path, job_id: int, *, pause_s: float = 0.0, backend: str = "local") -> int:
     """Run one job to its end in this process; returns the exit code.
 
     0: succeeded; 1: failed (recorded on the job); 2: the job cannot run (already
@@ -63,6 +104,8 @@ def run_worker(home: Path, job_id: int, *, pause_s: float = 0.0) -> int:
             except HubError as exc:
                 sys.stderr.write(f"training job {job_id} cannot run: {exc}\n")
                 return 2
+            entry = JobRunEntry(backend, socket.gethostname(), os.getpid(), job.started_ms or 0)
+            record_run(home / JOBS_DIR / str(job_id), entry)
             return _train(home, tables, job, pause_s)
     finally:
         store.close()
@@ -123,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("home", type=Path)
     parser.add_argument("job_id", type=int)
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--backend", default="local")
     args = parser.parse_args(argv)
-    import torch  # noqa: PLC0415
-
-    torch.set_num_threads(max(1, int(os.environ.get("EDGESKILL_TRAIN_THREADS", "1"))))
-    return run_worker(args.home, args.job_id, pause_s=args.pause)
+    threads = int(os.environ.get("EDGESKILL_TRAIN_THREADS", "1"))
+    return run_job_here(
+        args.home, args.job_id, pause_s=args.pause, threads=threads, backend=args.backend
+    )
 
 
 if __name__ == "__main__":
