@@ -51,8 +51,8 @@ def build_running_version(fleet: FleetService, work: Path) -> None:
     fleet.skills.publish(package_skill(factory, LIBRARY / "digits", "1.0.0", artifacts, work))
 
 
-def shifted_samples(core: HubCore, count: int) -> None:
-    """Cameras upload inverted digits with their true labels, as agents would."""
+def shifted_samples(core: HubCore, count: int, *, labelled: bool = True) -> None:
+    """Cameras upload inverted digits with their true labels (or none), as agents would."""
     from converters.digits import digits_arrays  # noqa: PLC0415
 
     x, y = digits_arrays()
@@ -66,7 +66,7 @@ def shifted_samples(core: HubCore, count: int) -> None:
                     input=encode_protos({"image": 1.0 - x[i : i + 1]}, ["image"], "fp32")[0],
                     predicted=0,
                     confidence=0.3,
-                    label=int(y[i]),
+                    label=int(y[i]) if labelled else -1,
                     seen_at_ms=now_ms(),  # after the world changed: what retraining takes
                 )
                 for i in picks[start : start + 32]
@@ -117,5 +117,37 @@ def test_shifted_samples_retrain_beat_the_running_model_and_go_out_as_a_canary(
         events = [e.message for e in hub.store.events(kind="drift") if "incident" in e.message]
         assert [m.split(": ")[1] for m in events] == ["opened", "retraining", "built", "canary"]
         print(detail)
+    finally:
+        hub.close()
+
+
+@pytest.mark.timeout(300)
+def test_unlabelled_samples_are_labelled_by_the_groups_teacher_and_dropped_without_one(
+    tmp_path: Path,
+) -> None:
+    from cloud.drift_retrain import _predict  # noqa: PLC0415
+
+    hub = Hub.init(tmp_path / "hub", insecure=True)
+    fleet = FleetService(hub)
+    try:
+        build_running_version(fleet, tmp_path / "dist")
+        hub.store.register_device("cam-1", {"kind": "camera"}, {}, now_ms=1)
+        fleet.groups.create("cams", "kind=camera")
+        fleet.deployments.create("digits", "1.0.0", "cams")
+        shifted_samples(hub.core(), 64, labelled=False)
+        numbers = FleetDrift(1, 3, 3, 3, 1.0, 0.9, None, 0)
+        opened = fleet.drift.open(
+            OpenIncident("digits", "1.0.0", "cams", "3 of 3 drifting", ("cam-0",), numbers)
+        )
+        assert opened is not None
+        retrainer, incident = Retrainer(fleet), fleet.drift.show(opened.id).state
+        alone = retrainer.usable(incident, fleet.drift.settings("cams"))
+        assert len(alone.ids) == 0  # no label came back and no teacher: nothing to train on
+        fleet.drift.set_settings("cams", teacher="digits-cnn")  # any registered model
+        taught = retrainer.usable(incident, fleet.drift.settings("cams"))
+        assert len(taught.ids) == 64 and taught.teacher_labelled == 64
+        teacher = fleet.models.tables.get_model("digits-cnn")
+        onnx = fleet.models.export_blob(teacher.onnx_sha256, tmp_path / "teacher.onnx")
+        np.testing.assert_array_equal(taught.y, _predict(onnx, taught.x))
     finally:
         hub.close()
