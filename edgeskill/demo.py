@@ -59,12 +59,13 @@ MQTT_OPTIONS = "session_expiry=600"
 
 
 @contextlib.contextmanager
-def _workdir(path: Path | None) -> Iterator[Path]:
+def _workdir(path: Path | None, prefix: str = "edgeskill-demo-") -> Iterator[Path]:
+    """``path`` (made if missing), or a temporary folder removed afterwards."""
     if path is not None:
         path.mkdir(parents=True, exist_ok=True)
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="edgeskill-demo-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield Path(tmp)
 
 

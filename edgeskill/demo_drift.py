@@ -20,11 +20,9 @@ the shift.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ from rich.table import Table
 from cloud.drift.incident import Stage
 from cloud.errors import HubError
 from cloud.service import FleetService
-from edgeskill.demo import _build_and_publish, _identity_args, _start_hub
+from edgeskill.demo import _build_and_publish, _identity_args, _start_hub, _workdir
 from edgeskill.drift_timeline import (
     Event,
     Window,
@@ -75,19 +73,9 @@ BIN_MS = 2000
 END_STAGES = (Stage.PROMOTED, Stage.ROLLED_BACK, Stage.FAILED, Stage.CLEARED)
 
 
-@contextlib.contextmanager
-def _workdir(path: Path | None) -> Iterator[Path]:
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="edgeskill-drift-demo-") as tmp:
-        yield Path(tmp)
-
-
 def run_drift_demo(console: Console, *, workdir: Path | None = None) -> int:
     """Run the drift demo; returns the exit status (0: the loop closed, accuracy recovered)."""
-    with _workdir(workdir) as work:
+    with _workdir(workdir, "edgeskill-drift-demo-") as work:
         started = time.monotonic()
         service = FleetService.init(work / "hub", grpc_bind=f"127.0.0.1:{free_port()}")
         fleet = Fleet(work / "logs")
