@@ -67,8 +67,6 @@ class MqttServerSettings:
     # telemetry is what the hub's group commit batches, so more workers, bigger batches.
     workers: int = 1024
     queue_per_worker: int = 256
-    #: Most queued messages a worker takes at once (its devices' acks are merged).
-    batch_per_worker: int = 64
     max_fetch_window: int = MAX_WINDOW
     max_fetches: int = 32
     #: Inference requests in progress at once; more are refused (``resource-exhausted``).
@@ -167,43 +165,21 @@ class MqttHubServer:
 
     async def _worker(self, queue: asyncio.Queue[tuple[TopicRef, Incoming]]) -> None:
         while True:
-            # What queued while the last batch was handled goes in one batch: a device's
-            # telemetry then shares a group commit and one ack.
-            items = [await queue.get()]
-            while not queue.empty() and len(items) < self.settings.batch_per_worker:
-                items.append(queue.get_nowait())
-            batches: dict[str, list[tuple[TopicRef, Incoming]]] = {}
-            for ref, msg in items:
-                batches.setdefault(ref.device_id, []).append((ref, msg))
-            if len(batches) == 1:
-                await self._handle(*batches.popitem())
-            else:
-                await asyncio.gather(*(self._handle(d, b) for d, b in batches.items()))
-
-    async def _handle(self, device_id: str, batch: list[tuple[TopicRef, Incoming]]) -> None:
-        session = self.core.session(device_id)
-        messages: list[tuple[bytes, str | None]] = []
-
-        async def flush() -> None:
-            for reply in await session.receive_many(messages):
-                self._send(device_id, reply)
-            messages.clear()
-
-        try:
-            for ref, msg in batch:
-                if ref.area != "status":
-                    messages.append((msg.payload, ref.kind))
+            ref, msg = await queue.get()
+            session = self.core.session(ref.device_id)
+            try:
+                if ref.area == "status":
+                    online = _PRESENCE.get(msg.payload)
+                    if online is None:
+                        session.drop(DropReason.MALFORMED, "status payload")
+                    else:  # the connected flag only: a retained status is no sign of life
+                        await session.presence(online=online)
                     continue
-                await flush()  # in arrival order
-                online = _PRESENCE.get(msg.payload)
-                if online is None:
-                    session.drop(DropReason.MALFORMED, "status payload")
-                else:  # the connected flag only: a retained status is no sign of life
-                    await session.presence(online=online)
-            await flush()
-        except Exception:  # one bad message must not stop this worker's devices
-            session.drop(DropReason.INTERNAL_ERROR)
-            log.exception("message from %s not handled", device_id)
+                for reply in await session.receive(msg.payload, ref.kind):
+                    self._send(ref.device_id, reply)
+            except Exception:  # one bad message must not stop this worker's devices
+                session.drop(DropReason.INTERNAL_ERROR)
+                log.exception("message from %s not handled", ref.device_id)
 
     def _send(self, device: str, env: pb.Envelope) -> None:
         kind = kind_of(env)

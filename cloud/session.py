@@ -42,16 +42,7 @@ from skills.tensor_codec import MAX_INFER_BYTES
 if TYPE_CHECKING:
     from cloud.hubcore import HubCore
 
-__all__ = [
-    "ACKED_KINDS",
-    "DEVICE_KINDS",
-    "MAX_ACK_IDS",
-    "DeviceSession",
-    "DropReason",
-    "Lru",
-    "ack_envelope",
-    "merge_acks",
-]
+__all__ = ["ACKED_KINDS", "DEVICE_KINDS", "DeviceSession", "DropReason", "Lru", "ack_envelope"]
 
 #: Envelope kinds a device may send.
 DEVICE_KINDS = frozenset(
@@ -59,8 +50,6 @@ DEVICE_KINDS = frozenset(
 )
 #: Kinds the hub acknowledges once handled (the agent's outbox waits for it).
 ACKED_KINDS = frozenset({"reported", "telemetry", "security_event", "drift_samples"})
-#: Most message ids one ack envelope carries (an id is at most 64 bytes).
-MAX_ACK_IDS = 256
 #: A safety net: a desired-state change normally arrives through the notifier.
 _DESIRED_RECHECK_S = 30.0
 
@@ -97,39 +86,16 @@ _ACK_PREFIX = f"a{os.urandom(6).hex()}-"
 _ack_numbers = itertools.count()
 
 
-def ack_envelope(device_id: str, msg_id: str, *more: str) -> pb.Envelope:
-    """The hub's acknowledgement of one message, or of several in one envelope."""
+def ack_envelope(device_id: str, msg_id: str) -> pb.Envelope:
+    """The hub's acknowledgement of one message."""
     # Built in one constructor call (no copy of the body): one per message ingested.
     return pb.Envelope(
         id=f"{_ACK_PREFIX}{next(_ack_numbers):x}",
         device_id=device_id,
         sent_at_ms=now_ms(),
         correlation_id=msg_id,
-        ack=pb.Ack(ids=[msg_id, *more]),
+        ack=pb.Ack(ids=[msg_id]),
     )
-
-
-def merge_acks(replies: list[pb.Envelope], cap: int = MAX_ACK_IDS) -> list[pb.Envelope]:
-    """The same replies with the acks for each device folded into as few envelopes as fit.
-
-    One ack per ``cap`` acknowledged ids: every ack is a packet the broker routes
-    and the device parses. Other replies keep their order, ahead of the acks.
-    """
-    ids: dict[str, list[str]] = {}
-    out: list[pb.Envelope] = []
-    for env in replies:
-        if env.WhichOneof("body") == "ack":
-            ids.setdefault(env.device_id, []).extend(env.ack.ids)
-        else:
-            out.append(env)
-    for device_id, acked in ids.items():
-        if len(acked) == 1:
-            out.extend(env for env in replies if env.device_id == device_id and env.HasField("ack"))
-            continue
-        unique = list(dict.fromkeys(acked))
-        for at in range(0, len(unique), cap):
-            out.append(ack_envelope(device_id, *unique[at : at + cap]))
-    return out
 
 
 class Lru(Generic[K]):
@@ -215,46 +181,6 @@ class DeviceSession:
         if not await self._known(device):
             return []
         return await self._handle(device, kind, env)
-
-    async def receive_many(self, batch: list[tuple[bytes, str | None]]) -> list[pb.Envelope]:
-        """Handle messages that arrived together on this channel; their acks merged.
-
-        Telemetry next to telemetry is handled concurrently, so one group commit
-        takes them all and one ack answers them (a copy sent again waits for the
-        first, and is acked as a duplicate); every other kind is handled in
-        arrival order, after the telemetry before it.
-
-        Args:
-            batch: (payload, the topic's kind or None) per message, in arrival order.
-        """
-        replies: list[pb.Envelope] = []
-        run: list[tuple[bytes, str | None]] = []
-
-        async def flush() -> None:
-            if not run:
-                return
-            # All but the last in tasks of their own, the last on this one: a task fewer.
-            others = [asyncio.create_task(self.receive(p, k)) for p, k in run[:-1]]
-            try:
-                replies.extend(await self.receive(*run[-1]))
-            except BaseException:  # cancelled: so are the others
-                for task in others:
-                    task.cancel()
-                raise
-            for task in others:
-                replies.extend(await task)
-            run.clear()
-
-        for payload, kind in batch:
-            if kind == "telemetry":
-                if (payload, kind) in run:  # a resend: after the first copy, as a duplicate
-                    await flush()
-                run.append((payload, kind))
-                continue
-            await flush()
-            replies.extend(await self.receive(payload, kind))
-        await flush()
-        return merge_acks(replies) if len(batch) > 1 else replies
 
     async def _handle(self, device: str, kind: str, env: pb.Envelope) -> list[pb.Envelope]:
         if self.core.seen(device, env.id):
