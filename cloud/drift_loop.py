@@ -299,6 +299,8 @@ class DriftLoop:
                 # Device gates need no more devices than a small canary has.
                 "min_samples": min(10, canary) if isinstance(canary, int) else 10,
                 "gates": {**_SAFETY_GATES, "accuracy_drop": accuracy},
+                # The running version is judged on the shifted inputs only, like the candidate.
+                "baseline_since_ms": settings.policy.shift_start_ms(incident.opened_ms),
             }  # fmt: skip
             dep_id = self._fleet.deployments.create(
                 incident.skill, str(version), incident.group, plan=plan

@@ -155,9 +155,7 @@ class Retrainer:
             StoreError: The store failed.
         """
         model = self._need_model(incident)
-        # What the devices saw from the window that raised the alarm on: older samples
-        # are of the world before the shift, which the running model knows already.
-        since = incident.opened_ms - int(settings.policy.window_s * 1000)
+        since = settings.policy.shift_start_ms(incident.opened_ms)
         stored = [
             s
             for s in self._fleet.drift.samples(incident.skill, incident.version)

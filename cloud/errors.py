@@ -9,13 +9,16 @@ from protos.errors import TransportError
 from protos.fetch import FetchErrorCode
 
 __all__ = [
+    "AuthError",
     "ConflictError",
     "FetchRefusedError",
     "FetchTooLargeError",
     "FetchUnknownDeviceError",
     "HubError",
     "IdentityMismatchError",
+    "IllegalTransitionError",
     "NotFoundError",
+    "PermissionDeniedError",
     "SessionRefusedError",
     "StoreError",
     "TransportError",
@@ -41,6 +44,18 @@ class ConflictError(StoreError):
 
 class ValidationError(HubError):
     """Input from a user or a device is malformed (selector, label, version)."""
+
+
+class IllegalTransitionError(ValidationError):
+    """A drift incident was asked to move to a stage it cannot reach from where it is."""
+
+
+class AuthError(HubError):
+    """A console request carries no valid API token (unknown, revoked or expired)."""
+
+
+class PermissionDeniedError(HubError):
+    """A principal's role, project or group scope does not allow what it asked for."""
 
 
 class IdentityMismatchError(HubError):

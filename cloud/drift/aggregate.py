@@ -9,7 +9,15 @@ that arrive late, twice or out of order give the same aggregate.
 A device's state at time ``t`` is its newest window ending in ``(t - window,
 t]`` (a tie on the end time goes to the worse news, then to a fixed order of
 the values, so it never depends on arrival). Windows ending after ``t`` are
-not seen at ``t``.
+not seen at ``t``. A window under the policy's ``min_samples`` is too small
+to be news (the PSI of a few samples is mostly noise): it neither counts nor
+hides its device's last window that does.
+
+Fleet numbers weigh each counted device by its window's sample count: the
+drifting *share* is the share of the counted samples that drifting devices
+saw, and the fleet PSI is the sample-weighted mean, so a device that saw ten
+times the inputs carries ten times the evidence. Device counts (``counted``,
+``drifting``) stay counts: an incident still needs several devices.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import bisect
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from cloud.errors import ValidationError
 
@@ -30,6 +38,7 @@ __all__ = [
     "DriftThresholds",
     "DriftWindow",
     "FleetDrift",
+    "Tally",
 ]
 
 #: The metric keys an agent reports drift under; a window without ``drift.n`` has no drift.
@@ -219,6 +228,11 @@ def _rank(w: DriftWindow) -> tuple[object, ...]:
     )
 
 
+def _state_rank(policy: DriftThresholds, w: DriftWindow) -> tuple[object, ...]:
+    """Which window is a device's state: one with enough samples first, then :func:`_rank`."""
+    return (w.n >= policy.min_samples, *_rank(w))
+
+
 class DriftThresholds(Protocol):
     """What classifying devices needs of a policy (:class:`~cloud.drift.policy.DriftPolicy`)."""
 
@@ -253,6 +267,21 @@ class DeviceDrift:
         return self.counts and bool(self.causes)
 
 
+class Tally(NamedTuple):
+    """Counted and drifting devices at one time, and the samples their windows saw."""
+
+    at_ms: int
+    counted: int
+    drifting: int
+    samples: int
+    drifting_samples: int
+
+    @property
+    def share(self) -> float:
+        """The drifting devices' share of the counted samples (0 when none counted)."""
+        return self.drifting_samples / self.samples if self.samples else 0.0
+
+
 @dataclass(frozen=True)
 class FleetDrift:
     """Fleet numbers of one aggregate at one time (over the devices that count).
@@ -261,11 +290,14 @@ class FleetDrift:
         reporting: Devices with a window in the span.
         counted: Of those, devices whose window has enough samples.
         drifting: Counted devices that drift.
-        share: ``drifting / counted`` (0 when none counted).
-        mean_psi: Mean of the counted devices' worse PSI (None when none measured).
+        share: ``drifting_samples / samples`` (0 when none counted).
+        mean_psi: Mean of the counted devices' worse PSI, each weighted by its
+            window's samples (None when none measured).
         accuracy: Pooled accuracy of the counted devices (their correct answers
             over their labels; None without labels).
         labelled: Labels behind ``accuracy``.
+        samples: Samples in the counted devices' windows.
+        drifting_samples: Of those, samples in the drifting devices' windows.
     """
 
     at_ms: int
@@ -276,6 +308,8 @@ class FleetDrift:
     mean_psi: float | None
     accuracy: float | None
     labelled: int
+    samples: int = 0
+    drifting_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -332,64 +366,73 @@ class DriftAggregate:
         return acc < ref - policy.accuracy_drop
 
     def devices(self, policy: DriftThresholds, at_ms: int) -> dict[str, DeviceDrift]:
-        """Each reporting device's state at ``at_ms``, by device id (sorted)."""
+        """Each reporting device's state at ``at_ms``, by device id (sorted).
+
+        A device with only windows under ``min_samples`` in the span reports
+        but does not count; its state is then its newest window.
+        """
         newest: dict[str, DriftWindow] = {}
         for w in self.windows:
             if at_ms - policy.window_ms < w.end_ms <= at_ms:
                 old = newest.get(w.device_id)
-                if old is None or _rank(w) > _rank(old):
+                if old is None or _state_rank(policy, w) > _state_rank(policy, old):
                     newest[w.device_id] = w
         return {d: self.classify(policy, newest[d]) for d in sorted(newest)}
 
     def fleet(self, policy: DriftThresholds, at_ms: int) -> FleetDrift:
         """The fleet numbers at ``at_ms``."""
         states = self.devices(policy, at_ms)
-        counted = [s for s in states.values() if s.counts]
-        psis = [s.window.psi for s in counted if s.window.psi is not None]
-        labelled = sum(s.window.labelled for s in counted)
-        correct = math.fsum(s.window.labelled * (s.window.accuracy or 0.0) for s in counted)
-        drifting = sum(s.drifting for s in counted)
+        counted = [s.window for s in states.values() if s.counts]
+        hot = [s.window for s in states.values() if s.drifting]
+        measured = [(w.n, w.psi) for w in counted if w.psi is not None]
+        weight = sum(n for n, _ in measured)
+        labelled = sum(w.labelled for w in counted)
+        correct = math.fsum(w.labelled * (w.accuracy or 0.0) for w in counted)
+        samples = sum(w.n for w in counted)
+        tally = Tally(at_ms, len(counted), len(hot), samples, sum(w.n for w in hot))
         return FleetDrift(
             at_ms=at_ms,
             reporting=len(states),
-            counted=len(counted),
-            drifting=drifting,
-            share=drifting / len(counted) if counted else 0.0,
-            mean_psi=math.fsum(psis) / len(psis) if psis else None,
+            counted=tally.counted,
+            drifting=tally.drifting,
+            share=tally.share,
+            mean_psi=math.fsum(n * psi for n, psi in measured) / weight if weight else None,
             accuracy=correct / labelled if labelled else None,
             labelled=labelled,
+            samples=tally.samples,
+            drifting_samples=tally.drifting_samples,
         )
 
-    def timeline(
-        self, policy: DriftThresholds, start_ms: int, end_ms: int
-    ) -> Iterator[tuple[int, int, int]]:
-        """``(time, counted, drifting)`` at ``start_ms`` and at each change up to ``end_ms``.
+    def timeline(self, policy: DriftThresholds, start_ms: int, end_ms: int) -> Iterator[Tally]:
+        """The counted and drifting devices and samples at ``start_ms`` and at each change.
 
-        Between two yielded times the numbers do not change, so a condition
-        that holds at every yielded time holds over all of ``[start_ms, end_ms]``.
+        Between two yielded times (up to ``end_ms``) the numbers do not change,
+        so a condition that holds at every yielded time holds over all of
+        ``[start_ms, end_ms]``.
         """
         deltas: dict[int, list[int]] = {}
         for begin, until, state in self._spells(policy):
-            if state.counts:
-                for at, sign in ((begin, 1), (until, -1)):
-                    step = deltas.setdefault(at, [0, 0])
-                    step[0] += sign
-                    step[1] += sign * state.drifting
+            n, hot = state.window.n, int(state.drifting)
+            for at, sign in ((begin, 1), (until, -1)):
+                step = deltas.setdefault(at, [0, 0, 0, 0])
+                for i, value in enumerate((1, hot, n, n * hot)):
+                    step[i] += sign * value
         times = sorted(deltas)
         split = bisect.bisect_right(times, start_ms)
-        counted = sum(deltas[at][0] for at in times[:split])
-        drifting = sum(deltas[at][1] for at in times[:split])
-        yield start_ms, counted, drifting
+        sums = [sum(deltas[at][i] for at in times[:split]) for i in range(4)]
+        yield Tally(start_ms, *sums)
         for at in times[split:]:
             if at > end_ms:
                 return
-            counted, drifting = counted + deltas[at][0], drifting + deltas[at][1]
-            yield at, counted, drifting
+            sums = [a + b for a, b in zip(sums, deltas[at], strict=True)]
+            yield Tally(at, *sums)
 
     def _spells(self, policy: DriftThresholds) -> Iterator[tuple[int, int, DeviceDrift]]:
-        """Each window's time as its device's state: ``[end, min(next end, end + window))``."""
+        """Each counted window's time as its device's state: ``[end, min(next, end + window))``."""
         by_device: dict[str, dict[int, DriftWindow]] = {}
         for w in self.windows:
+            if w.n < policy.min_samples:
+                continue  # too small to be a state (see devices)
             ends = by_device.setdefault(w.device_id, {})
             if w.end_ms not in ends or _rank(w) > _rank(ends[w.end_ms]):
                 ends[w.end_ms] = w

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cloud.drift.aggregate import DriftKey
-from cloud.errors import ValidationError
+from cloud.errors import IllegalTransitionError, ValidationError
 
 __all__ = [
     "ENDED",
@@ -36,10 +36,6 @@ __all__ = [
     "start_canary",
     "start_retraining",
 ]
-
-
-class IllegalTransitionError(ValidationError):
-    """An incident was asked to move to a stage it cannot reach from where it is."""
 
 
 class Stage(enum.StrEnum):

@@ -2,15 +2,18 @@
 
 :func:`evaluate` reads each :class:`~cloud.drift.aggregate.DriftAggregate`
 at ``now_ms`` and says :class:`OpenIncident` when enough devices drift: at
-least ``min_devices`` of them *and* at least ``min_share`` of the devices
-that count (a window with ``min_samples`` samples or more). It never opens a
+least ``min_devices`` of them *and* at least ``min_share`` of what the
+devices that count saw (their windows' samples; a device counts with a
+window of ``min_samples`` samples or more, smaller ones are ignored). A
+device that saw more inputs weighs more, and a window of a handful of
+samples, whose PSI is mostly noise, opens nothing. It never opens a
 second incident for a skill version and group while one is open or within
 ``cooldown_s`` of one closing.
 
 It says :class:`CloseIncident` for an incident nobody has started work on
 (stage ``open``) once its fleet has stayed calm for ``hold_s``: at every
 moment of the hold at least ``min_devices`` devices counted and under
-``release_ratio * min_share`` of them drifted. The gap between the share
+``release_ratio * min_share`` of their samples were on drifting devices. The gap between the share
 that opens and the share that closes is the hysteresis; a fleet that went
 silent proves nothing and closes nothing.
 
@@ -25,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cloud.drift.aggregate import DriftAggregate, DriftKey, FleetDrift
+from cloud.drift.aggregate import DriftAggregate, DriftKey, FleetDrift, Tally
 from cloud.drift.incident import IncidentState, Stage
 from cloud.errors import ValidationError
 
@@ -57,8 +60,10 @@ class DriftPolicy:
             the version's reference accuracy ...
         min_labelled: ... judged only on windows with this many labels.
         min_devices: Drifting devices an incident needs.
-        min_share: Share of the counted devices an incident needs drifting.
-        min_samples: Samples a device's window needs for the device to count.
+        min_share: Share of the counted devices' samples an incident needs on
+            drifting devices.
+        min_samples: Samples a device's window needs to count (a smaller
+            window is ignored: it neither drifts nor hides a larger one).
         cooldown_s: Seconds after an incident closes before the next may open.
         window_s: Seconds a window stays its device's state.
         hold_s: Seconds the fleet must stay calm before an incident closes.
@@ -111,14 +116,25 @@ class DriftPolicy:
         """How far back windows matter: a state's span plus the hold before it."""
         return _ms(self.window_s) + _ms(self.hold_s)
 
+    def shift_start_ms(self, opened_ms: int) -> int:
+        """Where the span that opened an incident at ``opened_ms`` began.
+
+        The first instant of the shifted world as far as the hub knows: a
+        retraining takes its samples from here on, and the canary's baseline is
+        judged on telemetry from here on. What came before is the world before
+        the shift, which the running model knows already.
+        """
+        return opened_ms - self.window_ms
+
     def fires(self, fleet: FleetDrift) -> bool:
         """Whether these fleet numbers open an incident."""
         return fleet.drifting >= self.min_devices and fleet.share >= self.min_share
 
-    def calm(self, counted: int, drifting: int) -> bool:
+    def calm(self, tally: Tally) -> bool:
         """Whether a fleet with these counts is back under the release threshold."""
         release = self.release_ratio * self.min_share
-        return counted >= self.min_devices and drifting < release * counted
+        enough = tally.counted >= self.min_devices
+        return enough and tally.drifting_samples < release * tally.samples
 
 
 @dataclass(frozen=True)
@@ -206,7 +222,7 @@ def _decide(
     why = ", ".join(f"{c} on {causes[c]}" for c in ("psi", "alarm", "accuracy") if causes[c])
     reason = (
         f"{fleet.drifting} of {fleet.counted} devices drifting "
-        f"({fleet.share:.0%} >= {policy.min_share:.0%}): {why}"
+        f"({fleet.share:.0%} of samples >= {policy.min_share:.0%}): {why}"
     )
     k = agg.key
     return [OpenIncident(k.skill, k.version, k.group, reason, drifting, fleet)]
@@ -219,13 +235,13 @@ def _maybe_close(
     if incident.stage is not Stage.OPEN or now_ms - incident.opened_ms < hold_ms:
         return None
     timeline = agg.timeline(policy, now_ms - hold_ms, now_ms)
-    if not all(policy.calm(counted, drifting) for _, counted, drifting in timeline):
+    if not all(policy.calm(tally) for tally in timeline):
         return None
     fleet = agg.fleet(policy, now_ms)
     release = policy.release_ratio * policy.min_share
     reason = (
         f"calm for {policy.hold_s:g}s: {fleet.drifting} of {fleet.counted} devices "
-        f"drifting ({fleet.share:.0%} < {release:.0%})"
+        f"drifting ({fleet.share:.0%} of samples < {release:.0%})"
     )
     k = agg.key
     return CloseIncident(incident.id, k.skill, k.version, k.group, reason, fleet)

@@ -21,6 +21,12 @@ Example::
     [gates]
     install_failure = "10%"
     accuracy_drop = 2.0
+
+A plan may also set ``baseline_since_ms`` (ms since the Unix epoch): the KPI
+gates then judge the baseline versions only on telemetry windows that end at
+or after it. The drift loop sets it to the start of the window that raised a
+drift alarm, so a canary is compared with the running version on today's
+inputs, not on its record from before the shift.
 """
 
 from __future__ import annotations
@@ -190,12 +196,14 @@ class RolloutPlan:
     wave_interval_s: float = 60.0
     windows: tuple[Window, ...] = ()
     priority: int = 0
+    baseline_since_ms: int | None = None
 
     def __post_init__(self) -> None:
         """Check the strategy has its settings and a canary can satisfy its gates.
 
         Raises:
-            ValidationError: A missing canary, waves or A/B setting, or a too-small canary.
+            ValidationError: A missing canary, waves or A/B setting, a too-small canary,
+                or a negative ``baseline_since_ms``.
         """
         wants = {
             PlanStrategy.CANARY: self.canary,
@@ -209,6 +217,9 @@ class RolloutPlan:
                 f"canary of {self.canary.count} devices is under the {self.device_samples}"
                 " samples its gates need"
             )
+        since = self.baseline_since_ms
+        if since is not None and (type(since) is not int or since < 0):
+            raise ValidationError(f"baseline_since_ms {since!r} must be a time in ms (>= 0)")
 
     @property
     def device_samples(self) -> int:
@@ -243,6 +254,8 @@ class RolloutPlan:
             }
         if self.ab is not None:
             out["ab"] = {"control": self.ab.control, "weight": self.ab.weight}
+        if self.baseline_since_ms is not None:  # left out when unset, as in plans stored before it
+            out["baseline_since_ms"] = self.baseline_since_ms
         return out
 
 
@@ -261,6 +274,15 @@ def _whole(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int) ->
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValidationError(f"{key} {value!r} must be a whole number from {lo} to {hi}")
     return value
+
+
+_MAX_MS = 2**53  # the latest instant a plan may name, still exact as a JSON double
+
+
+def _since(data: Mapping[str, Any]) -> int | None:
+    if data.get("baseline_since_ms") is None:
+        return None
+    return _whole(data, "baseline_since_ms", 0, 0, _MAX_MS)
 
 
 def _table(data: Mapping[str, Any], key: str, known: tuple[str, ...]) -> Mapping[str, Any]:
@@ -362,6 +384,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> RolloutPlan:
         wave_interval_s=_number(data, "wave_interval_s", 60.0, 0, 86_400),
         windows=tuple(parse_window(w) for w in windows),
         priority=_whole(data, "priority", 0, -1_000_000, 1_000_000),
+        baseline_since_ms=_since(data),
     )
 
 

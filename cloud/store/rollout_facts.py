@@ -1,7 +1,9 @@
 """What the fleet shows a rollout: its targets, their reports, presence and KPIs.
 
 Read in one transaction for the leader's rollout loop, which turns it into
-rollout engine events (:mod:`cloud.rollout_loop`).
+rollout engine events (:mod:`cloud.rollout_loop`). A plan's
+``baseline_since_ms`` keeps the baseline versions' telemetry windows that
+ended before it out of their KPIs (the new version's are never cut).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, and_, case, func, or_, select
 
-from cloud.errors import StoreError
+from cloud.errors import StoreError, ValidationError
+from cloud.rollout.plan import plan_from_dict
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
-from cloud.store.schema import devices, fleet_controls, reported_states, telemetry
+from cloud.store.schema import devices, fleet_controls, reported_states, rollouts, telemetry
 
 __all__ = ["FLEET_ROW", "KPI_LOOKBACK_MS", "RolloutFacts", "read_facts"]
 
@@ -59,7 +62,9 @@ def read_facts(conn: Connection, dep: DeploymentRecord, where: Any) -> RolloutFa
         status = _skill_status(row.device_id, row.skills, dep.skill)
         if status is not None:
             reports[row.device_id] = (int(row.reported_ms), status)
-    kpis = _kpis(conn, ids, dep.skill, dep.created_ms - KPI_LOOKBACK_MS)
+    since = dep.created_ms - KPI_LOOKBACK_MS
+    cut = _baseline_since(conn, dep.id)
+    kpis = _kpis(conn, ids, dep, since, since if cut is None else max(since, cut))
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
     return RolloutFacts(targets, reports, kpis, flag)
@@ -73,14 +78,33 @@ def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | 
         raise StoreError(f"stored report of {device_id!r} is corrupt: {exc}") from exc
 
 
+def _baseline_since(conn: Connection, deployment_id: int) -> int | None:
+    """The ``baseline_since_ms`` of the deployment's stored plan (None: unset, or no plan)."""
+    text = conn.execute(
+        select(rollouts.c.plan).where(rollouts.c.deployment_id == deployment_id)
+    ).scalar()
+    if text is None:
+        return None
+    try:
+        return plan_from_dict(json.loads(text)).baseline_since_ms
+    except (ValueError, ValidationError) as exc:
+        raise StoreError(f"stored plan of deployment {deployment_id} is corrupt: {exc}") from exc
+
+
 def _kpis(
-    conn: Connection, ids: Any, skill: str, since_ms: int
+    conn: Connection, ids: Any, dep: DeploymentRecord, since_ms: int, baseline_since_ms: int
 ) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
     """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
 
-    A window without a p95 (from an agent older than the field) counts with its p99.
+    Windows count from ``since_ms`` on, those of versions other than the
+    deployment's from ``baseline_since_ms`` on. A window without a p95 (from
+    an agent older than the field) counts with its p99.
     """
     t = telemetry.c
+    recent = or_(
+        and_(t.version == dep.version, t.window_end_ms >= since_ms),
+        t.window_end_ms >= baseline_since_ms,
+    )
     query = (
         select(
             t.device_id,
@@ -92,7 +116,7 @@ def _kpis(
             func.avg(case((t.latency_p95_ms > 0, t.latency_p95_ms), else_=t.latency_p99_ms)),
             func.max(t.received_ms),
         )
-        .where(and_(t.skill == skill, t.window_end_ms >= since_ms, t.device_id.in_(ids)))
+        .where(and_(t.skill == dep.skill, recent, t.device_id.in_(ids)))
         .group_by(t.device_id, t.version)
     )
     return tuple(

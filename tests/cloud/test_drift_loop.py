@@ -179,6 +179,8 @@ def test_an_improving_model_is_built_and_canaried_with_the_accuracy_gate(hub: Hu
         "health": {"max": 0.1},
         "install_failure": {"max": 0.1},
     }
+    # the running version is judged from the start of the window that opened the incident on
+    assert rollout.plan["baseline_since_ms"] == opened.state.opened_ms - 600_000
     assert got.detail["accuracy_before"] == 0.5 and got.detail["accuracy_after"] == 0.9
     assert retrainer.calls == ["submit", "train 11", "build"]
     events = [e.message for e in hub.store.events(kind="drift")]

@@ -255,7 +255,7 @@ def test_a_tie_on_the_end_time_goes_to_the_worse_news() -> None:
     for arrived in (pairs, pairs[::-1]):
         a = agg(arrived)
         assert all(s.drifting for s in a.devices(POLICY, T0).values())
-        assert list(a.timeline(POLICY, T0, T0 + MIN)) == [(T0, 8, 8)]
+        assert list(a.timeline(POLICY, T0, T0 + MIN)) == [(T0, 8, 8, 8 * 500, 8 * 500)]
     alarm = [window("cam-0", T0, psi=0.9), window("cam-0", T0, psi=0.0, alarms=1)]
     assert agg(alarm).devices(POLICY, T0)["cam-0"].window.alarms == 1
 
@@ -329,15 +329,17 @@ def test_timeline_matches_the_fleet_recomputed_at_every_moment(
     a = agg(windows)
     begin, end = T0 + start, T0 + start + hold
     steps = list(a.timeline(SMALL, begin, end))
-    assert steps[0][0] == begin
-    assert [t for t, _, _ in steps] == sorted({t for t, _, _ in steps})
-    assert all(begin <= t <= end for t, _, _ in steps)
-    probes = {begin, end} | {t for t, _, _ in steps}
-    probes |= {t + d for t, _, _ in steps for d in (-1, 1) if begin <= t + d <= end}
+    times = [s.at_ms for s in steps]
+    assert times[0] == begin
+    assert times == sorted(set(times))
+    assert all(begin <= t <= end for t in times)
+    probes = {begin, end, *times}
+    probes |= {t + d for t in times for d in (-1, 1) if begin <= t + d <= end}
     for t in sorted(probes):
-        _, counted, drifting = max(s for s in steps if s[0] <= t)
+        step = max(s for s in steps if s.at_ms <= t)
         f = a.fleet(SMALL, t)
-        assert (counted, drifting) == (f.counted, f.drifting), t
+        assert step[1:] == (f.counted, f.drifting, f.samples, f.drifting_samples), t
+        assert step.share == f.share, t
 
 
 def test_pruning_keeps_what_the_policy_still_needs() -> None:

@@ -238,6 +238,7 @@ plans_st = (
             "wave_interval_s": st.integers(0, 600),
             "windows": st.lists(windows_st, max_size=3),
             "priority": st.integers(-100, 100),
+            "baseline_since_ms": st.none() | st.integers(0, 2**53),
         },
     )
     | st.builds(
