@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt | sha256sum | cut -c1-16)
 
-.PHONY: setup demo test lint bench fuzz services services-stop proto clean
+.PHONY: setup demo test lint bench fuzz services services-stop proto browser clean
 
 $(STAMP): pyproject.toml requirements-tflite.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml requirements-tflite.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-setup: $(STAMP)
+# The console's third-party browser assets (uPlot), pinned by the lock; never from a CDN.
+WEB       := cloud/console/web
+WEB_STAMP := $(WEB)/node_modules/.installed-$(shell cat $(WEB)/package.json $(WEB)/package-lock.json | sha256sum | cut -c1-16)
+
+$(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
+	npm ci --prefix $(WEB) --omit=dev --no-audit --no-fund
+	touch $@
+
+setup: $(STAMP) $(WEB_STAMP)
 
 demo: setup
 	$(VENV)/bin/edgeskill demo
@@ -35,7 +43,11 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(PY) -m protos.generate --check
 
-test: setup services lint
+# The browser tests (tests/console/) drive Debian's Chromium headless.
+browser:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: setup services lint browser
 	$(WITH_SERVICES) $(VENV)/bin/pytest -q -n 2 --dist worksteal --durations=40
 
 bench: setup services

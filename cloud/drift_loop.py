@@ -302,8 +302,9 @@ class DriftLoop:
                 # The running version is judged on the shifted inputs only, like the candidate.
                 "baseline_since_ms": settings.policy.shift_start_ms(incident.opened_ms),
             }  # fmt: skip
+            project = self._fleet.groups.get(incident.group).project
             dep_id = self._fleet.deployments.create(
-                incident.skill, str(version), incident.group, plan=plan
+                incident.skill, str(version), incident.group, plan=plan, project=project
             ).id
         return start_canary(incident, dep_id, self._now(incident)), {"canary_plan": settings.canary}
 

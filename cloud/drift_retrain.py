@@ -286,10 +286,12 @@ class Retrainer:
         if "int8" not in {v.name for v in factory.tables.variants_of(new.id)}:
             factory.compress(new.id, ["int8"], options=CompressOptions(tflite=False, latency=False))
         artifacts = [factory.convert(new.id, "onnx-cpu", variant=v) for v in ("float", "int8")]
-        taken = {v.version for v in self._fleet.skills.list(incident.skill)}
-        version = next_patch(incident.version, taken)
+        known = self._fleet.skills.list(incident.skill)
+        version = next_patch(incident.version, {v.version for v in known})
         bundle = package_skill(factory, source, version, artifacts, work)
-        self._fleet.skills.publish(bundle)
+        # The next version belongs to the project the skill is in.
+        project = known[0].project if known else "default"
+        self._fleet.skills.publish(bundle, project=project)
         return version
 
 

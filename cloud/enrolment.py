@@ -2,7 +2,8 @@
 
 An operator makes a claim (``edgeskill hub claim create``): a random token,
 shown once and kept only as its SHA-256, with the labels the device will
-carry, how many devices may use it and when it expires. A device sends the
+carry, the project (tenant) it joins, how many devices may use it and when
+it expires. A device sends the
 token and a CSR for a key it made itself (the key never leaves it); the hub
 checks both, signs a short-lived client certificate with its CA, records the
 device with the claim's labels, and answers with the certificate, the CA and
@@ -33,7 +34,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from cloud.errors import HubError, ValidationError
+from cloud.errors import HubError, NotFoundError, ValidationError
 from cloud.pki import (
     PKI_DIR,
     CertificateAuthority,
@@ -43,6 +44,8 @@ from cloud.pki import (
 )
 from cloud.selectors import check_labels
 from cloud.store import Store
+from cloud.store.checks import name as check_name
+from cloud.store.projects import DEFAULT_PROJECT
 from protos.limits import DEVICE_ID_PATTERN
 
 __all__ = ["MAX_TOKEN_CHARS", "Enrolled", "Enroller", "EnrolmentError"]
@@ -143,6 +146,7 @@ class Enroller:
         ttl_s: float = 86400,
         *,
         reenroll: bool = False,
+        project: str = DEFAULT_PROJECT,
     ) -> str:
         """Make a claim token; only its hash is kept, so show the token once.
 
@@ -151,12 +155,18 @@ class Enroller:
             uses: how many enrolments it allows.
             ttl_s: seconds until it expires.
             reenroll: it may replace the key of a device that is already enrolled.
+            project: the project devices enrolled with it join (a device the hub
+                already knew keeps its own).
 
         Raises:
-            ValidationError: bad labels, uses or lifetime.
+            ValidationError: bad labels, uses, lifetime or project name.
+            NotFoundError: no such project (checked when the enroller has a store).
             HubError: the claims file cannot be read or written, or holds too many claims.
         """
         labels = check_labels(labels)
+        check_name(project, "project name")
+        if self._store is not None and not self._store.project_exists(project):
+            raise NotFoundError(f"no project {project!r}")
         if not 1 <= uses <= MAX_CLAIM_USES:
             raise ValidationError(f"uses must be 1..{MAX_CLAIM_USES}")
         if not 0 < ttl_s <= MAX_CLAIM_TTL_S:
@@ -167,6 +177,7 @@ class Enroller:
             "uses_left": uses,
             "expires_ms": self._now_ms() + int(ttl_s * 1000),
             "reenroll": reenroll,
+            "project": project,
         }
         with self._locked():
             claims = self._pruned_claims()
@@ -183,8 +194,9 @@ class Enroller:
 
         Raises:
             EnrolmentError: a bad CSR or device id, an unknown, expired or used-up
-                token, or a device enrolled with another key (and the claim may not
-                re-enrol). Counted in :attr:`refused`.
+                token, a device enrolled with another key (and the claim may not
+                re-enrol), or a claim whose project no longer exists. Counted in
+                :attr:`refused`.
             ValidationError: the claim's labels are refused by the store.
             HubError: the PKI files cannot be read or written.
             StoreError: the store failed.
@@ -214,7 +226,14 @@ class Enroller:
                 revoked[old["serial"]] = self._now_ms()
             labels = dict(claim["labels"])
             if self._store is not None:
-                self._store.enroll_device(device_id, labels, now_ms=self._now_ms())
+                # Claims made before projects carry none: theirs is the default.
+                project = str(claim.get("project", DEFAULT_PROJECT))
+                try:
+                    self._store.enroll_device(
+                        device_id, labels, now_ms=self._now_ms(), project=project
+                    )
+                except NotFoundError as exc:
+                    raise EnrolmentError("unknown-project", str(exc)) from exc
             result = self._issue(csr, device_id, labels, devices)
             claim["uses_left"] -= 1
             self._write("claims.json", {"claims": claims})

@@ -13,6 +13,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloud.director import HubDirector
 from cloud.endpoints import (
@@ -41,6 +42,9 @@ from cloud.store import Store, open_store
 from skills.errors import SkillError
 from skills.trust import TrustRepository
 from skills.trust.ceremony import load_signers
+
+if TYPE_CHECKING:
+    from cloud.console.server import ConsoleServer
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +190,7 @@ class Hub:
         insecure: bool | None = None,
         heartbeat_s: int = DEFAULT_HEARTBEAT_S,
         drift_tick_s: float | None = None,
+        console_bind: str | None = None,
     ) -> None:
         """Serve devices over gRPC, and over MQTT when a broker URL is configured, until ``stop``.
 
@@ -208,6 +213,8 @@ class Hub:
         serve lock is taken (see :func:`plan_serve`). ``drift_tick_s`` is how
         often the leader's drift loop runs (default
         :data:`cloud.drift_loop.DRIFT_TICK_S`; demos and tests run it faster).
+        With ``console_bind`` (``HOST:PORT``) the console (REST API and pages)
+        is served from this process too, over plain HTTP on loopback only.
 
         Raises:
             AlreadyServingError: SQLite, and another process serves this home.
@@ -248,6 +255,10 @@ class Hub:
             )
             stack.push_async_callback(server.stop, 1.0)
             log.info("hub serving gRPC%s on port %d", " (mTLS)" if server_tls else "", port)
+            if console_bind:
+                console = await self._start_console(console_bind)
+                stack.push_async_callback(console.stop)
+                log.info("hub serving the console on port %d", console.port)
             await stop.wait()
 
     def _loop_host(
@@ -271,6 +282,13 @@ class Hub:
                 leader_only=True,
             )
         return host
+
+    async def _start_console(self, bind: str) -> ConsoleServer:
+        # FastAPI only when the console is asked for; the service imports cloud.hub.
+        from cloud.console.server import start_console  # noqa: PLC0415
+        from cloud.service import FleetService  # noqa: PLC0415
+
+        return await start_console(FleetService(self), bind)
 
     def _drift_loop(self, tick_s: float | None) -> LoopFactory:
         # The drift loop drives incidents through the fleet service, which is built on

@@ -14,11 +14,13 @@ import typer
 import typer.main
 
 from edgeskill import cli_broker as broker_cli
+from edgeskill import cli_console as console_cli
 from edgeskill import cli_deploy as deploy_cli
 from edgeskill import cli_drift as drift_cli
 from edgeskill import cli_fleet as fleet_cli
 from edgeskill import cli_hub as hub_cli
 from edgeskill import cli_model as model_cli
+from edgeskill import cli_project as project_cli
 from edgeskill import cli_trust as trust_cli
 from edgeskill._common import (
     MetricsBindOpt,
@@ -48,6 +50,8 @@ app.add_typer(model_cli.app, name="model")
 app.add_typer(trust_cli.app, name="trust")
 app.add_typer(broker_cli.app, name="broker")
 app.add_typer(drift_cli.drift_app, name="drift")
+app.add_typer(console_cli.console_app, name="console")
+app.add_typer(project_cli.project_app, name="project")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, console, print_error
+from edgeskill.cli_project import ProjectOpt
 
 if TYPE_CHECKING:
     from cloud.service.views import RolloutView
@@ -58,6 +59,7 @@ def deploy_create(
             help="Maintenance window in UTC, e.g. 'mon-fri 01:00-05:00'; repeat for more.",
         ),
     ] = None,
+    project: ProjectOpt = "default",
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Deploy SKILL VERSION to a group: all at once, or staged with gates between waves.
@@ -66,7 +68,8 @@ def deploy_create(
     leader: a wave opens only while its gates (install failures, health, and
     KPIs against the running version) pass, and a failing gate rolls the moved
     devices back. Devices not yet moved keep the older deployment until the
-    rollout completes. Follow it with `deploy status`.
+    rollout completes. Follow it with `deploy status`. The deployment is in
+    --project, as its group and skill must be, and reaches only its devices.
 
     Examples:
       edgeskill deploy create digits 1.0.0 --group cameras --home hub
@@ -86,7 +89,7 @@ def deploy_create(
     with _fleet(home) as fleet:
         dep = fleet.deployments.create(
             skill, version, group, strategy=strategy, config=config or [], plan=text,
-            canary=canary, priority=priority, windows=window or [],
+            canary=canary, priority=priority, windows=window or [], project=project,
         )  # fmt: skip
     console.print(f"deployment {dep.id}: {skill} {version} -> {group} ({dep.strategy})")
 

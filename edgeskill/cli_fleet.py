@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console, print_error
+from edgeskill.cli_project import ProjectFilterOpt, ProjectOpt
 
 if TYPE_CHECKING:
     from cloud.service.views import (
@@ -142,18 +143,22 @@ def skill_push(
             "(om, TensorRT engines); repeat for more.",
         ),
     ] = None,
+    project: ProjectOpt = "default",
 ) -> None:
     """Check every model runs, sign the bundle into the hub's TUF repository, register it.
 
+    The skill belongs to --project; its name is then taken in every project.
+
     Examples:
       edgeskill skill push dist/digits-1.0.0.skill --home hub
+      edgeskill skill push dist/digits-1.0.0.skill --project plant-3 --home hub
     """
     from skills.bundle import read_manifest  # noqa: PLC0415
     from skills.model_check import uncheckable_reason  # noqa: PLC0415
 
     allowed = unchecked_target or []
     with _fleet(home) as fleet:
-        published = fleet.skills.publish(bundle, unchecked_targets=allowed)
+        published = fleet.skills.publish(bundle, unchecked_targets=allowed, project=project)
     if allowed:
         for variant in read_manifest(bundle).models:
             if variant.target in allowed and uncheckable_reason(variant):
@@ -191,11 +196,15 @@ def groups_create(
     all_devices: Annotated[
         bool, typer.Option("--all", help="Select every device (no SELECTOR).")
     ] = False,
+    project: ProjectOpt = "default",
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3."""
+    """Create a group NAME from a label SELECTOR such as kind=camera,site=plant-3.
+
+    The group is in --project and selects only that project's devices.
+    """
     with _fleet(home) as fleet:
-        fleet.groups.create(name, selector, all_devices=all_devices)
+        fleet.groups.create(name, selector, all_devices=all_devices, project=project)
     console.print(f"group {name} = {selector or '(all devices)'}")
 
 
@@ -210,16 +219,22 @@ def groups_ls(home: HomeOpt = DEFAULT_HOME) -> None:
 
 
 @devices_app.command("ls")
-def devices_ls(home: HomeOpt = DEFAULT_HOME) -> None:
-    """List devices with their labels, state and skills."""
-    table = Table("device", "labels", "presence", "board", "desired gen", "skills")
+def devices_ls(project: ProjectFilterOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """List devices with their labels, state and skills.
+
+    A project column shows when the devices listed are in more than one project.
+    """
     with _fleet(home) as fleet:
-        for d in fleet.devices.list():
-            skills = ", ".join(_skill_cell(s) for s in d.reported)
-            labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
-            table.add_row(
-                d.device_id, labels, d.presence, d.board, str(d.desired_generation), skills
-            )
+        found = fleet.devices.list(project=project)
+    several = len({d.project for d in found}) > 1
+    table = Table("device", *(["project"] if several else []), "labels", "presence", "board")
+    table.add_column("desired gen")
+    table.add_column("skills")
+    for d in found:
+        skills = ", ".join(_skill_cell(s) for s in d.reported)
+        labels = ",".join(f"{k}={v}" for k, v in sorted(d.labels.items()))
+        cells = [d.device_id, *([d.project] if several else []), labels, d.presence, d.board]
+        table.add_row(*cells, str(d.desired_generation), skills)
     console.print(table)
 
 

@@ -25,6 +25,7 @@ from edgeskill._common import (
     console,
     print_error,
 )
+from edgeskill.cli_project import ProjectOpt
 
 app = typer.Typer(help="Run and set up the cloud hub.", no_args_is_help=True)
 claim_app = typer.Typer(
@@ -194,6 +195,13 @@ def hub_serve(
             min=0.1, max=3600.0, help="Seconds between passes of the drift loop (demos: ~1)."
         ),
     ] = 30.0,
+    console_bind: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Also serve the console (REST API and pages) here, over HTTP on loopback.",
+        ),
+    ] = None,
     verbose: Annotated[
         bool, typer.Option(help="Log debug lines, and the libraries' INFO lines too.")
     ] = False,
@@ -205,6 +213,7 @@ def hub_serve(
     Examples:
       edgeskill hub serve --home hub
       edgeskill hub serve --home hub --metrics-bind 127.0.0.1:9464
+      edgeskill hub serve --home hub --console-bind 127.0.0.1:8080
       edgeskill hub serve --home hub --mqtt "mqtts://127.0.0.1:8883/edgeskill/v1?ca=..."
     """
     from cloud.errors import HubError, TransportError  # noqa: PLC0415
@@ -234,6 +243,7 @@ def hub_serve(
                 insecure=insecure or None,
                 heartbeat_s=heartbeat_s,
                 drift_tick_s=drift_interval,
+                console_bind=console_bind,
             )
         )
 
@@ -287,12 +297,18 @@ def claim_create(
     reenroll: Annotated[
         bool, typer.Option(help="It may give an enrolled device a new key (a replaced board).")
     ] = False,
+    project: ProjectOpt = "default",
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Make a claim token and print it; it is shown once (the hub keeps only its hash)."""
+    """Make a claim token and print it; it is shown once (the hub keeps only its hash).
+
+    Devices enrolled with it join --project (a device the hub knew keeps its own).
+    """
     labels = _labels(label)
     with _fleet(home) as fleet:
-        token = fleet.identity.create_claim(labels, uses, _ttl_seconds(ttl), reenroll=reenroll)
+        token = fleet.identity.create_claim(
+            labels, uses, _ttl_seconds(ttl), reenroll=reenroll, project=project
+        )
     console.print(token, soft_wrap=True)
 
 

@@ -94,12 +94,15 @@ def _demo(console: Console, work: Path, *, keep: bool, transport: str) -> int:
     fleet = Fleet(work / "logs")
     broker = Fleet(work / "logs")  # stopped after the hub and the agents, its clients
     hub_url = ""
+    console_port = free_port()
+    console_args = ("--console-bind", f"127.0.0.1:{console_port}")
     try:
         holdout, count = _build_and_publish(console, service, work)
         if transport == "mqtt":
-            hub_url = _start_hub_mqtt(console, fleet, broker, service, work)
+            hub_url = _start_hub_mqtt(console, fleet, broker, service, work, *console_args)
         else:
-            hub_url = _start_hub(fleet, service, work)
+            hub_url = _start_hub(fleet, service, work, *console_args)
+        _print_console(console, service, console_port)
         for device_id, labels, board in DEVICES:
             state = work / "agents" / device_id
             args = agent_args(
@@ -171,6 +174,18 @@ def _build_and_publish(console: Console, service: FleetService, work: Path) -> t
     return holdout, write_holdout_stream(factory, model.id, holdout)
 
 
+def _print_console(console: Console, service: FleetService, port: int) -> None:
+    """Wait for the console, and print its address with an admin token for it.
+
+    Raises:
+        TimeoutError: the console did not open its port in time.
+    """
+    wait_for_port(port)
+    _, token = service.tokens.create("demo", "admin", "default", ttl_s=7 * 86400)
+    console.print(f"console: http://127.0.0.1:{port}/ (log in with the token below)")
+    console.print(f"console token: {token}", soft_wrap=True)
+
+
 def _identity_args(service: FleetService, labels: list[str]) -> list[str]:
     """A claim token for a device with ``labels``, and where to enrol with it."""
     wanted = dict(label.split("=", 1) for label in labels)
@@ -193,7 +208,7 @@ def _start_hub(fleet: Fleet, service: FleetService, work: Path, *extra: str) -> 
 
 
 def _start_hub_mqtt(
-    console: Console, fleet: Fleet, broker: Fleet, service: FleetService, work: Path
+    console: Console, fleet: Fleet, broker: Fleet, service: FleetService, work: Path, *extra: str
 ) -> str:
     """Start the demo's own TLS broker, then the hub serving through it; returns the agents' URL.
 
@@ -217,7 +232,7 @@ def _start_hub_mqtt(
     wait_for_port(port, 10)
     console.print(f"broker: Mosquitto (pid {proc.pid}) with TLS and the generated ACL, port {port}")
     hub = hub_mqtt_url(service.home, "127.0.0.1", port, MQTT_PREFIX)
-    _start_hub(fleet, service, work, "--mqtt", f"{hub}&{MQTT_OPTIONS}")
+    _start_hub(fleet, service, work, "--mqtt", f"{hub}&{MQTT_OPTIONS}", *extra)
     return f"mqtts://127.0.0.1:{port}/{MQTT_PREFIX}?{MQTT_OPTIONS}"
 
 

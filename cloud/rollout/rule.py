@@ -2,7 +2,8 @@
 
 The rule is level-triggered and has no memory: for each skill name, the
 first active deployment of that skill whose group selects the device, and
-which reaches it, wins. First means the highest priority, then the newest
+which reaches it, wins. A deployment only ever reaches devices of its own
+project (tenant), whatever their labels. First means the highest priority, then the newest
 (the highest deployment id), so a more specific deployment with a higher
 priority overrides a broader one on the devices both select, and deploying
 an older version after a newer one at the same priority is a deliberate
@@ -21,7 +22,16 @@ from cloud.errors import ValidationError
 from cloud.rollout.strategy import DEFAULT_STRATEGY, Strategy, parse_strategy
 from cloud.selectors import matches
 
-__all__ = ["ActiveDeployment", "DesiredSkill", "compute_desired", "compute_fleet"]
+__all__ = [
+    "DEFAULT_PROJECT",
+    "ActiveDeployment",
+    "DesiredSkill",
+    "compute_desired",
+    "compute_fleet",
+]
+
+#: The project of a device or deployment that names none.
+DEFAULT_PROJECT = "default"
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,8 @@ class ActiveDeployment:
     finished rollout); otherwise it maps each device the rollout admitted to
     the version it gets, and the deployment reaches no other device.
     ``version_targets`` names the bundle of each admitted version other than
-    ``version`` (an A/B test's control).
+    ``version`` (an A/B test's control). ``project`` is the deployment's
+    project: it reaches no device of another.
 
     Raises:
         ValidationError: An unknown strategy, a negative id, a non-integer
@@ -61,6 +72,7 @@ class ActiveDeployment:
     priority: int = 0
     admitted: Mapping[str, str] | None = None
     version_targets: Mapping[str, str] = field(default_factory=dict)
+    project: str = DEFAULT_PROJECT
 
     def __post_init__(self) -> None:
         """Normalise the strategy and check the id and priority."""
@@ -73,8 +85,12 @@ class ActiveDeployment:
         if unknown:
             raise ValidationError(f"deployment {self.id} admits {min(unknown)!r} with no bundle")
 
-    def reaches(self, device_id: str, labels: Mapping[str, str]) -> bool:
-        """Whether this deployment applies to a device with these labels."""
+    def reaches(
+        self, device_id: str, labels: Mapping[str, str], project: str = DEFAULT_PROJECT
+    ) -> bool:
+        """Whether this deployment applies to a device of ``project`` with these labels."""
+        if project != self.project:
+            return False
         if self.admitted is not None and device_id not in self.admitted:
             return False
         return matches(self.selector, labels) and self.strategy.admits(device_id)
@@ -92,17 +108,23 @@ def _newest_first(active: Iterable[ActiveDeployment]) -> list[ActiveDeployment]:
 
 
 def _apply(
-    device_id: str, labels: Mapping[str, str], newest_first: list[ActiveDeployment]
+    device_id: str,
+    labels: Mapping[str, str],
+    project: str,
+    newest_first: list[ActiveDeployment],
 ) -> tuple[DesiredSkill, ...]:
     chosen: dict[str, ActiveDeployment] = {}
     for dep in newest_first:
-        if dep.skill not in chosen and dep.reaches(device_id, labels):
+        if dep.skill not in chosen and dep.reaches(device_id, labels, project):
             chosen[dep.skill] = dep
     return tuple(dep.desired(device_id) for _, dep in sorted(chosen.items()))
 
 
 def compute_desired(
-    labels: Mapping[str, str], active: Iterable[ActiveDeployment], device_id: str = ""
+    labels: Mapping[str, str],
+    active: Iterable[ActiveDeployment],
+    device_id: str = "",
+    project: str = DEFAULT_PROJECT,
 ) -> tuple[DesiredSkill, ...]:
     """Apply the rule to one device.
 
@@ -110,24 +132,30 @@ def compute_desired(
         labels: The device's labels.
         active: Every active deployment, in any order.
         device_id: The device's id (strategies that pick devices read it).
+        project: The device's project; deployments of other projects are skipped.
 
     Returns:
         The desired skills, sorted by name.
     """
-    return _apply(device_id, labels, _newest_first(active))
+    return _apply(device_id, labels, project, _newest_first(active))
 
 
 def compute_fleet(
-    devices: Mapping[str, Mapping[str, str]], active: Iterable[ActiveDeployment]
+    devices: Mapping[str, Mapping[str, str]],
+    active: Iterable[ActiveDeployment],
+    projects: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[DesiredSkill, ...]]:
     """Apply the rule to many devices at once.
 
     Args:
         devices: Each device's id mapped to its labels.
         active: Every active deployment, in any order.
+        projects: Each device's project; a device missing here is in ``default``
+            (so it gets nothing from another project's deployments).
 
     Returns:
         Each device's desired skills (sorted by name), keyed and ordered by device id.
     """
     ordered = _newest_first(active)
-    return {d: _apply(d, devices[d], ordered) for d in sorted(devices)}
+    of = projects or {}
+    return {d: _apply(d, devices[d], of.get(d, DEFAULT_PROJECT), ordered) for d in sorted(devices)}

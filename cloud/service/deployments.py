@@ -33,7 +33,7 @@ PlanInput = str | Mapping[str, Any] | None
 def _view(rec: DeploymentRecord, priority: int = 0) -> DeploymentView:
     return DeploymentView(
         rec.id, rec.skill, rec.version, rec.group, rec.strategy, dict(rec.config), rec.state,
-        rec.created_ms, priority,
+        rec.created_ms, priority, rec.project,
     )  # fmt: skip
 
 
@@ -82,7 +82,12 @@ def build_plan(
 
 
 class DeploymentService:
-    """Creating, listing and aborting deployments."""
+    """Creating, listing and aborting deployments.
+
+    Every method that names a deployment takes ``project``: None reaches every
+    project (the local CLI); a project name reaches only its deployments, and
+    one of another project is not found, as if it did not exist.
+    """
 
     def __init__(self, store: Store, clock: Callable[[], int], *, devices: DeviceService) -> None:
         """Deploy through ``store``; ``clock`` gives milliseconds.
@@ -106,8 +111,13 @@ class DeploymentService:
         canary: str | int | None = None,
         priority: int | None = None,
         windows: Sequence[str] = (),
+        project: str = "default",
     ) -> DeploymentView:
         """Deploy a skill version to a group.
+
+        The deployment is in ``project``, and its group and skill version must
+        be too: one of another project is not found. It only ever reaches
+        devices of its project.
 
         All at once (the default), its devices' desired state changes at once and
         older deployments of the skill on the group are superseded. Staged (a
@@ -127,10 +137,13 @@ class DeploymentService:
             canary: The canary's size, ``"10%"`` or a device count.
             priority: Higher overrides lower on devices two deployments both select.
             windows: Maintenance windows (UTC) to add, e.g. ``"mon-fri 01:00-05:00"``.
+            project: The deployment's project.
 
         Raises:
-            ValidationError: An unknown strategy, a bad plan, or a malformed config pair.
-            NotFoundError: No such skill version (or A/B control version) or group.
+            ValidationError: An unknown strategy, a bad plan, a malformed config
+                pair or project name.
+            NotFoundError: No such project, or no such skill version (or A/B
+                control version) or group in it.
             StoreError: The store failed.
         """
         chosen = build_plan(
@@ -138,33 +151,38 @@ class DeploymentService:
         )
         checked = config_from(config)
         rec = self._store.create_deployment(
-            skill, version, group, config=checked, plan=chosen, now_ms=self._clock()
-        )
+            skill, version, group, config=checked, plan=chosen, now_ms=self._clock(),
+            project=project,
+        )  # fmt: skip
         return _view(rec, chosen.priority)
 
-    def get(self, deployment_id: int) -> DeploymentView:
+    def get(self, deployment_id: int, *, project: str | None = None) -> DeploymentView:
         """One deployment.
 
         Raises:
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed.
         """
-        rec = self._store.get_deployment(deployment_id)
+        rec = self._store.get_deployment(deployment_id, project=project)
         return _view(rec, self._store.deployment_priorities().get(rec.id, 0))
 
-    def list(self) -> list[DeploymentView]:
-        """Every deployment, oldest first.
+    def list(self, *, project: str | None = None) -> list[DeploymentView]:
+        """Every deployment (of ``project``, when given), oldest first.
 
         Raises:
             StoreError: The store failed.
         """
         priorities = self._store.deployment_priorities()
-        return [_view(r, priorities.get(r.id, 0)) for r in self._store.list_deployments()]
+        found = self._store.list_deployments(project=project)
+        return [_view(r, priorities.get(r.id, 0)) for r in found]
 
-    def _staged(self, deployment_id: int) -> bool:
+    def _staged(self, deployment_id: int, project: str | None) -> bool:
+        """Whether a deployment is staged; NotFoundError when it is not in ``project``."""
+        if project is not None:
+            self._store.get_deployment(deployment_id, project=project)
         return deployment_id in self._store.rollouts_of([deployment_id])
 
-    def abort(self, deployment_id: int) -> DeploymentView:
+    def abort(self, deployment_id: int, *, project: str | None = None) -> DeploymentView:
         """Abort a deployment.
 
         All at once: it is no longer wanted and its devices fall back to what the
@@ -174,34 +192,42 @@ class DeploymentService:
 
         Raises:
             ValidationError: A staged rollout that has already ended.
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed.
         """
-        if self._staged(deployment_id):
-            return self._command(deployment_id, "abort")
-        return self.get(self._store.abort_deployment(deployment_id, now_ms=self._clock()).id)
+        if self._staged(deployment_id, project):
+            return self._command(deployment_id, "abort", project)
+        return self._abort_now(deployment_id, project)
 
-    def pause(self, deployment_id: int) -> DeploymentView:
+    def _abort_now(self, deployment_id: int, project: str | None) -> DeploymentView:
+        rec = self._store.abort_deployment(deployment_id, now_ms=self._clock(), project=project)
+        return self.get(rec.id, project=project)
+
+    def pause(self, deployment_id: int, *, project: str | None = None) -> DeploymentView:
         """Hold a staged rollout: no new wave opens until :meth:`resume`.
 
         Raises:
             ValidationError: The deployment is not staged, or its rollout has ended.
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed.
         """
-        return self._command(deployment_id, "pause")
+        if project is not None:
+            self._store.get_deployment(deployment_id, project=project)
+        return self._command(deployment_id, "pause", project)
 
-    def resume(self, deployment_id: int) -> DeploymentView:
+    def resume(self, deployment_id: int, *, project: str | None = None) -> DeploymentView:
         """Let a paused staged rollout carry on.
 
         Raises:
             ValidationError: The deployment is not staged, or its rollout has ended.
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed.
         """
-        return self._command(deployment_id, "resume")
+        if project is not None:
+            self._store.get_deployment(deployment_id, project=project)
+        return self._command(deployment_id, "resume", project)
 
-    def rollback(self, deployment_id: int) -> DeploymentView:
+    def rollback(self, deployment_id: int, *, project: str | None = None) -> DeploymentView:
         """Return every device a deployment moved to the version it ran before.
 
         Staged: the rollout loop reverts the devices it admitted and the
@@ -211,16 +237,16 @@ class DeploymentService:
 
         Raises:
             ValidationError: A staged rollout that has already ended.
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed.
         """
-        if self._staged(deployment_id):
-            return self._command(deployment_id, "rollback")
-        return self.get(self._store.abort_deployment(deployment_id, now_ms=self._clock()).id)
+        if self._staged(deployment_id, project):
+            return self._command(deployment_id, "rollback", project)
+        return self._abort_now(deployment_id, project)
 
-    def _command(self, deployment_id: int, kind: str) -> DeploymentView:
+    def _command(self, deployment_id: int, kind: str, project: str | None) -> DeploymentView:
         self._store.add_rollout_command(deployment_id, kind, now_ms=self._clock())
-        return self.get(deployment_id)
+        return self.get(deployment_id, project=project)
 
     def fleet_stop(self, on: bool) -> bool:
         """Turn the fleet-wide stop switch on (no rollout moves a device) or off.
@@ -241,33 +267,42 @@ class DeploymentService:
         """
         return self._store.fleet_stopped()
 
-    def status(self, deployment_id: int | None = None) -> builtins.list[DeploymentStatusView]:
+    def status(
+        self, deployment_id: int | None = None, *, project: str | None = None
+    ) -> builtins.list[DeploymentStatusView]:
         """Deployments (all, oldest first, or one) with their state computed from their devices.
 
-        The targets are the devices each group selects now; see
-        :mod:`cloud.service.status` for how states are computed. Each group's
-        devices are read once, however many deployments it has.
+        The targets are the devices each group selects now (in the group's
+        project); see :mod:`cloud.service.status` for how states are computed.
+        Each group's devices are read once, however many deployments it has.
 
         Raises:
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The store failed or holds corrupt data.
         """
-        chosen = self.list() if deployment_id is None else [self.get(deployment_id)]
+        chosen = (
+            self.list(project=project)
+            if deployment_id is None
+            else [self.get(deployment_id, project=project)]
+        )
         targets: dict[str, builtins.list[DeviceView]] = {}
         for dep in chosen:
             if dep.group not in targets:
-                targets[dep.group] = self._group_devices(dep.group)
+                targets[dep.group] = self._group_devices(dep.group, dep.project)
         rollouts = self._rollouts([d.id for d in chosen])
         return [deployment_status(d, targets[d.group], rollouts.get(d.id)) for d in chosen]
 
-    def rollout(self, deployment_id: int) -> RolloutView | None:
+    def rollout(self, deployment_id: int, *, project: str | None = None) -> RolloutView | None:
         """Where a deployment's rollout stands (None when it rolls out all at once).
 
         Cheaper than :meth:`status`: the group's devices are not read.
 
         Raises:
+            NotFoundError: ``project`` is given and has no deployment with that id.
             StoreError: The store failed or holds corrupt data.
         """
+        if project is not None:
+            self._store.get_deployment(deployment_id, project=project)
         return self._rollouts([deployment_id]).get(deployment_id)
 
     def _rollouts(self, ids: builtins.list[int]) -> dict[int, RolloutView]:
@@ -278,9 +313,10 @@ class DeploymentService:
             views[dep_id] = rollout_view(plan, RolloutState.from_json(rec.state), now)
         return views
 
-    def _group_devices(self, group: str) -> builtins.list[DeviceView]:
+    def _group_devices(self, group: str, project: str) -> builtins.list[DeviceView]:
         try:
-            selector = self._store.get_group(group).selector
+            selector = self._store.get_group(group, project=project).selector
         except NotFoundError:
             return []  # groups are not deleted while deployments name them; be safe anyway
-        return self._devices.list(parse_selector(selector) if selector else {})
+        chosen = parse_selector(selector) if selector else {}
+        return self._devices.list(chosen, project=project)

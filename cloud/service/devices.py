@@ -18,7 +18,7 @@ from cloud.service.views import (
     SkillDetailView,
     SkillStateView,
 )
-from cloud.store import DeviceStateRecord, GroupRecord, ReportedRecord, Store
+from cloud.store import DeviceRecord, DeviceStateRecord, GroupRecord, ReportedRecord, Store
 from cloud.store.events import EVENT_SKILL
 from protos.envelope import now_ms
 
@@ -46,6 +46,7 @@ def _device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
         profile=dict(device.profile),
         presence=seen,
         heartbeat_ms=device.heartbeat_ms,
+        project=device.project,
     )
 
 
@@ -87,47 +88,58 @@ class DeviceService:
         self._store = store
         self._clock = clock
 
-    def list(self, selector: Mapping[str, str] | str | None = None) -> list[DeviceView]:
+    def list(
+        self, selector: Mapping[str, str] | str | None = None, *, project: str | None = None
+    ) -> list[DeviceView]:
         """Every device ``selector`` selects (all by default), by id.
 
         Costs a fixed number of queries however many devices there are.
 
         Args:
             selector: Required labels, as a mapping or as text such as ``kind=camera``.
+            project: Only devices of this project (None: every project).
 
         Raises:
             ValidationError: A malformed selector.
             StoreError: The store failed or holds corrupt data.
         """
         wanted = parse_selector(selector) if isinstance(selector, str) else selector
-        states = self._store.device_states(check_labels(wanted or {}))
+        states = self._store.device_states(check_labels(wanted or {}), project=project)
         now = self._clock()
         return [_device_view(s, now) for s in states]
 
-    def get(self, device_id: str) -> DeviceView:
+    def get(self, device_id: str, *, project: str | None = None) -> DeviceView:
         """One device.
 
+        Args:
+            device_id: The device.
+            project: Only a device of this project (None: any); one of another
+                project is not found, as if it did not exist.
+
         Raises:
-            NotFoundError: No device of that id ever registered.
+            NotFoundError: No device of that id ever registered (in ``project``).
             StoreError: The store failed or holds corrupt data.
         """
-        found = self._store.device_states(device_id=device_id)
+        found = self._store.device_states(device_id=device_id, project=project)
         if not found:
             raise NotFoundError(f"no device {device_id!r}")
         return _device_view(found[0], self._clock())
 
-    def show(self, device_id: str, *, transitions: int = 5) -> DeviceDetailView:
+    def show(
+        self, device_id: str, *, transitions: int = 5, project: str | None = None
+    ) -> DeviceDetailView:
         """The whole story of one device: desired against reported, per skill, with history.
 
         Args:
             device_id: The device.
             transitions: How many of each skill's latest state changes to include.
+            project: Only a device of this project (None: any).
 
         Raises:
-            NotFoundError: No device of that id ever registered.
+            NotFoundError: No device of that id ever registered (in ``project``).
             StoreError: The store failed or holds corrupt data.
         """
-        view = self.get(device_id)
+        view = self.get(device_id, project=project)
         desired = {s.name: s.version for s in self._store.desired_for(device_id).skills}
         report = self._store.reported_for(device_id)
         history = self._store.events(device_id=device_id, kind=EVENT_SKILL, limit=_HISTORY)
@@ -135,7 +147,9 @@ class DeviceService:
         skills = _skill_details(desired, report, history, transitions)
         return DeviceDetailView(view, report.reported_ms if report else None, skills, tuple(recent))
 
-    def label(self, device_id: str, labels: Mapping[str, str] | str) -> DeviceView:
+    def label(
+        self, device_id: str, labels: Mapping[str, str] | str, *, project: str | None = None
+    ) -> DeviceView:
         """Replace a device's labels; its desired state follows at once.
 
         This is the only way labels change: a device that registers again with
@@ -144,23 +158,24 @@ class DeviceService:
         Args:
             device_id: the device.
             labels: the new labels, as a mapping or as text such as ``kind=camera,site=3``.
+            project: only a device of this project (None: any).
 
         Raises:
             ValidationError: a malformed id or label.
-            NotFoundError: no such device.
+            NotFoundError: no such device (in ``project``).
             StoreError: the store failed.
         """
         wanted = parse_selector(labels) if isinstance(labels, str) else labels
-        self._store.set_device_labels(device_id, check_labels(wanted))
-        return self.get(device_id)
+        self._store.set_device_labels(device_id, check_labels(wanted), project=project)
+        return self.get(device_id, project=project)
 
 
 class IdentityService:
     """Device identities: claim tokens for enrolment, and revocation."""
 
-    def __init__(self, home: Path) -> None:
-        """Manage the identities of the hub at ``home``."""
-        self._enroller = Enroller(home)
+    def __init__(self, home: Path, store: Store | None = None) -> None:
+        """Manage the identities of the hub at ``home``; ``store`` checks claims' projects."""
+        self._enroller = Enroller(home, store)
 
     def create_claim(
         self,
@@ -169,15 +184,19 @@ class IdentityService:
         ttl_s: float = 86400,
         *,
         reenroll: bool = False,
+        project: str = "default",
     ) -> str:
         """A claim token (shown once) that enrols up to ``uses`` devices with ``labels``.
 
+        Devices enrolled with it are in ``project``.
+
         Raises:
-            ValidationError: bad labels, uses or lifetime.
+            ValidationError: bad labels, uses, lifetime or project name.
+            NotFoundError: no such project.
             HubError: the claims file cannot be written.
         """
         wanted = parse_selector(labels) if isinstance(labels, str) else labels
-        return self._enroller.create_claim(wanted, uses, ttl_s, reenroll=reenroll)
+        return self._enroller.create_claim(wanted, uses, ttl_s, reenroll=reenroll, project=project)
 
     def revoke(self, device_id: str) -> Path:
         """Revoke a device's certificate; returns the CRL file the hub and broker honour.
@@ -190,13 +209,13 @@ class IdentityService:
         return self._enroller.crl_path()
 
 
-def _group_view(group: GroupRecord, labels: Sequence[Mapping[str, str]]) -> GroupView:
+def _group_view(group: GroupRecord, fleet: Sequence[DeviceRecord]) -> GroupView:
     try:
         selector = parse_selector(group.selector)
     except ValidationError as exc:
         raise StoreError(f"group {group.name!r} has a corrupt selector: {exc}") from exc
-    selected = sum(matches(selector, device) for device in labels)
-    return GroupView(group.name, group.selector, selected)
+    selected = sum(d.project == group.project and matches(selector, d.labels) for d in fleet)
+    return GroupView(group.name, group.selector, selected, group.project)
 
 
 class GroupService:
@@ -206,21 +225,31 @@ class GroupService:
         """Serve groups from ``store``."""
         self._store = store
 
-    def create(self, name: str, selector: str, *, all_devices: bool = False) -> GroupView:
-        """Create a group; its selector is stored in canonical form.
+    def create(
+        self,
+        name: str,
+        selector: str,
+        *,
+        all_devices: bool = False,
+        project: str = "default",
+    ) -> GroupView:
+        """Create a group in ``project``; its selector is stored in canonical form.
 
         A group of every device must be asked for: an empty selector is refused
-        unless ``all_devices`` is set, and ``all_devices`` takes no selector.
+        unless ``all_devices`` is set, and ``all_devices`` takes no selector. A
+        group selects only devices of its project.
 
         Args:
-            name: The group's name.
+            name: The group's name (unique across projects).
             selector: Labels such as ``kind=camera,site=plant-3``.
             all_devices: Select every device (``selector`` must be empty).
+            project: The group's project.
 
         Raises:
-            ValidationError: A malformed name or selector, an empty selector without
-                ``all_devices``, or a selector with it.
-            ConflictError: A group of that name exists.
+            ValidationError: A malformed name, selector or project name, an empty
+                selector without ``all_devices``, or a selector with it.
+            NotFoundError: No such project.
+            ConflictError: A group of that name exists (in any project).
             StoreError: The store failed.
         """
         labels = parse_selector(selector)
@@ -234,17 +263,35 @@ class GroupService:
                 f"empty selector {selector!r} would select every device; give labels such as "
                 "kind=camera, or --all to mean every device"
             )
-        group = self._store.create_group(name, selector)
-        return self._view([group])[0]
+        group = self._store.create_group(name, selector, project)
+        return self._view([group], project)[0]
 
-    def list(self) -> list[GroupView]:
+    def get(self, name: str, *, project: str | None = None) -> GroupView:
+        """One group, with how many devices it selects.
+
+        Args:
+            name: The group's name.
+            project: Only a group of this project (None: any); one of another
+                project is not found, as if it did not exist.
+
+        Raises:
+            NotFoundError: No such group (in ``project``).
+            StoreError: The store failed or holds a corrupt selector.
+        """
+        group = self._store.get_group(name, project=project)
+        return self._view([group], group.project)[0]
+
+    def list(self, *, project: str | None = None) -> list[GroupView]:
         """Every group, by name, with how many devices it selects (a fixed number of queries).
+
+        Args:
+            project: Only groups of this project (None: every project).
 
         Raises:
             StoreError: The store failed or holds a corrupt selector.
         """
-        return self._view(self._store.list_groups())
+        return self._view(self._store.list_groups(project=project), project)
 
-    def _view(self, groups: Sequence[GroupRecord]) -> builtins.list[GroupView]:
-        labels = [d.labels for d in self._store.list_devices()] if groups else []
-        return [_group_view(g, labels) for g in groups]
+    def _view(self, groups: Sequence[GroupRecord], project: str | None) -> builtins.list[GroupView]:
+        fleet = self._store.list_devices(project=project) if groups else []
+        return [_group_view(g, fleet) for g in groups]

@@ -10,6 +10,7 @@ from typing import Self
 from cloud.hub import Hub
 from cloud.hub_config import HubConfig, TlsFiles
 from cloud.models import ModelFactory
+from cloud.service.access import AuditService, ProjectService, TokenService
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService, IdentityService
 from cloud.service.drift import DriftService
@@ -38,8 +39,11 @@ class FleetService:
         self.deployments = DeploymentService(hub.store, clock, devices=self.devices)
         self.events = EventService(hub.store)
         self.telemetry = TelemetryService(hub.store)
-        self.identity = IdentityService(hub.home)
+        self.identity = IdentityService(hub.home, hub.store)
         self.drift = DriftService(hub.store, clock)
+        self.tokens = TokenService(hub.store, clock)
+        self.audit = AuditService(hub.store, clock)
+        self.projects = ProjectService(hub.store, clock)
 
     @classmethod
     def open(cls, home: Path) -> FleetService:

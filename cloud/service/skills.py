@@ -9,6 +9,7 @@ from pathlib import Path
 from cloud.errors import ConflictError, NotFoundError, ValidationError
 from cloud.service.views import PublishedSkill, SkillVersionView
 from cloud.store import SkillVersionRecord, Store
+from cloud.store.checks import name as check_name
 from cloud.store.models import ModelTables
 from skills.bundle import read_manifest
 from skills.errors import SkillError
@@ -21,7 +22,7 @@ __all__ = ["SkillService", "version_view"]
 def version_view(rec: SkillVersionRecord) -> SkillVersionView:
     """The view of a stored skill version."""
     return SkillVersionView(
-        rec.name, rec.version, rec.target_name, rec.sha256, rec.size, rec.created_ms
+        rec.name, rec.version, rec.target_name, rec.sha256, rec.size, rec.created_ms, rec.project
     )
 
 
@@ -43,8 +44,18 @@ class SkillService:
         self._clock = clock
         self._models = ModelTables(store.engine)
 
-    def publish(self, bundle: Path, *, unchecked_targets: Collection[str] = ()) -> PublishedSkill:
+    def publish(
+        self,
+        bundle: Path,
+        *,
+        unchecked_targets: Collection[str] = (),
+        project: str = "default",
+    ) -> PublishedSkill:
         """Check a built bundle's models, sign it into the TUF repository, record it, link them.
+
+        The version is recorded in ``project``. Skill names are unique across
+        projects: a name another project publishes under is refused as taken
+        before anything is signed.
 
         Every model variant must load in its runtime and run once on a sample
         input (:mod:`skills.model_check`) before anything is signed; a variant
@@ -54,9 +65,11 @@ class SkillService:
         published name and version is refused before anything is signed.
 
         Raises:
-            ValidationError: The bundle is unreadable or malformed, or a model
-                fails its check.
-            ConflictError: This name and version exist with other content.
+            ValidationError: The bundle is unreadable or malformed, a model
+                fails its check, or a malformed project name.
+            NotFoundError: No such project.
+            ConflictError: This name and version exist with other content, or
+                the name is taken by another project.
             StoreError: The store failed.
         """
         try:
@@ -65,6 +78,7 @@ class SkillService:
             digest = _sha256(bundle)
         except (SkillError, OSError) as exc:
             raise ValidationError(f"cannot publish {bundle}: {exc}") from exc
+        self._refuse_taken(manifest.name, project)
         self._refuse_other_content(manifest.name, manifest.version, digest)
         try:
             check_bundle(bundle, unchecked_targets=allowed)
@@ -83,9 +97,17 @@ class SkillService:
             size=ref.length,
             manifest=manifest.to_toml(),
             now_ms=self._clock(),
+            project=project,
         )
         linked = self._models.link_skill_version(rec.name, rec.version)
         return PublishedSkill(version_view(rec), len(linked))
+
+    def _refuse_taken(self, name: str, project: str) -> None:
+        check_name(project, "project name")
+        if not self._store.project_exists(project):
+            raise NotFoundError(f"no project {project!r}")
+        if self._store.skill_project(name) not in (None, project):
+            raise ConflictError(f"skill name {name!r} is taken")
 
     def _refuse_other_content(self, name: str, version: str, digest: str) -> None:
         try:
@@ -97,10 +119,16 @@ class SkillService:
                 f"{name} {version} exists with other content; versions are immutable"
             )
 
-    def list(self, name: str | None = None) -> list[SkillVersionView]:
+    def list(
+        self, name: str | None = None, *, project: str | None = None
+    ) -> list[SkillVersionView]:
         """Published versions (of one skill when ``name`` is given), oldest first per skill.
+
+        Args:
+            name: Only this skill's versions.
+            project: Only versions of this project (None: every project).
 
         Raises:
             StoreError: The store failed.
         """
-        return [version_view(r) for r in self._store.list_skill_versions(name)]
+        return [version_view(r) for r in self._store.list_skill_versions(name, project=project)]

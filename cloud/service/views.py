@@ -66,6 +66,8 @@ class DeviceView:
     presence: str = "offline"
     #: The heartbeat interval the hub gave the device (0: not known yet; 5 s is assumed).
     heartbeat_ms: int = 0
+    #: The project (tenant) the device belongs to.
+    project: str = "default"
 
     def skill(self, name: str) -> SkillStateView | None:
         """The reported state of one skill, or None when the device did not report it."""
@@ -74,11 +76,12 @@ class DeviceView:
 
 @dataclass(frozen=True)
 class GroupView:
-    """A named label selector and how many devices it selects now."""
+    """A named label selector and how many devices (of its project) it selects now."""
 
     name: str
     selector: str
     devices: int
+    project: str = "default"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class SkillVersionView:
     sha256: str
     size: int
     created_ms: int
+    project: str = "default"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class DeploymentView:
     created_ms: int
     #: Higher wins over lower on the devices two deployments of a skill both select.
     priority: int = 0
+    project: str = "default"
 
 
 @dataclass(frozen=True)

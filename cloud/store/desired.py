@@ -75,7 +75,7 @@ def selector_clause(selector: Mapping[str, str]) -> ColumnElement[bool]:
 
 
 def load_active(conn: Connection) -> list[ActiveDeployment]:
-    """Read every active deployment with its group's selector, target and rollout.
+    """Read every active deployment with its group's selector, target, rollout and project.
 
     A staged deployment reaches only the devices its rollout admitted (the
     ``rollouts.admitted`` column; NULL once it reaches every selected device).
@@ -93,6 +93,7 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
             deployments.c.config,
             deployments.c.strategy,
             deployments.c.priority,
+            deployments.c.project,
             rollouts.c.admitted,
         )
         .join(device_groups, device_groups.c.name == deployments.c.group_name)
@@ -127,6 +128,7 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
                     priority=int(row.priority),
                     admitted=admitted,
                     version_targets={v: bundles[(row.skill, v)] for v in others},
+                    project=row.project,
                 )
             )
         except (ValidationError, ValueError, TypeError, KeyError) as exc:
@@ -164,6 +166,10 @@ def recompute(conn: Connection, which: ColumnElement[bool]) -> int:
     """
     active = load_active(conn)
     ids = select(devices.c.device_id).where(which)
+    projects = {
+        row.device_id: row.project
+        for row in conn.execute(select(devices.c.device_id, devices.c.project).where(which))
+    }
     labels: dict[str, dict[str, str]] = defaultdict(dict)
     for label in conn.execute(select(device_labels).where(device_labels.c.device_id.in_(ids))):
         labels[label.device_id][label.key] = label.value
@@ -171,7 +177,7 @@ def recompute(conn: Connection, which: ColumnElement[bool]) -> int:
         state.device_id: (state.generation, state.skills)
         for state in conn.execute(select(desired_states).where(desired_states.c.device_id.in_(ids)))
     }
-    wanted = compute_fleet({d: labels[d] for d in conn.execute(ids).scalars()}, active)
+    wanted = compute_fleet({d: labels[d] for d in projects}, active, projects)
     empty = encode_skills(())
     inserts: list[dict[str, object]] = []
     updates: list[dict[str, object]] = []

@@ -6,7 +6,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, case, delete, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    update,
+)
 
 from cloud.errors import ConflictError, NotFoundError
 from cloud.presence import online_clause
@@ -15,10 +26,11 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import recompute, selector_clause
 from cloud.store.events import EVENT_DEVICE, NewEvent, insert_events
+from cloud.store.projects import DEFAULT_PROJECT, require_project
 from cloud.store.records import DeviceRecord, GroupRecord
 from cloud.store.schema import device_groups, device_labels, devices
 
-__all__ = ["DeviceTables", "device_record"]
+__all__ = ["DeviceTables", "device_record", "group_record"]
 
 
 def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
@@ -30,7 +42,23 @@ def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
         row.last_seen_ms,
         row.online,
         row.heartbeat_ms,
+        row.project,
     )
+
+
+def group_record(row: Row[Any]) -> GroupRecord:
+    """Turn a ``device_groups`` row into a record."""
+    return GroupRecord(row.name, row.selector, row.project)
+
+
+def _in_project(where: ColumnElement[bool], project: str | None) -> ColumnElement[bool]:
+    """``where`` kept to the devices of ``project`` (unchanged for None: every project)."""
+    return where if project is None else and_(where, devices.c.project == project)
+
+
+def _project_of(conn: Connection, device_id: str) -> str:
+    row = conn.execute(select(devices.c.project).where(devices.c.device_id == device_id)).first()
+    return DEFAULT_PROJECT if row is None else str(row.project)
 
 
 def _write_labels(conn: Connection, device_id: str, labels: Mapping[str, str]) -> None:
@@ -63,7 +91,9 @@ class DeviceTables(StoreBase):
 
         ``labels`` are stored only for a device the hub did not know: a device
         that registers again keeps the labels the hub gave it (at enrolment or
-        through :meth:`set_device_labels`), whatever it sends.
+        through :meth:`set_device_labels`), whatever it sends. A device the hub
+        did not know (one that never enrolled: insecure mode) lands in project
+        ``default``; a known one keeps its project.
 
         Args:
             device_id: the device.
@@ -91,6 +121,7 @@ class DeviceTables(StoreBase):
         insert = self._dialect.insert(devices).values(device_id=device_id, **values)
         with self._tx(write=True, lock="shared") as conn:
             added = conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
+            project = DEFAULT_PROJECT
             if added.rowcount:
                 _write_labels(conn, device_id, labels)
             else:
@@ -98,27 +129,40 @@ class DeviceTables(StoreBase):
                     update(devices).where(devices.c.device_id == device_id).values(**values)
                 )
                 labels = _read_labels(conn, device_id)
+                project = _project_of(conn, device_id)
             recompute(conn, devices.c.device_id == device_id)
-        return DeviceRecord(device_id, labels, json.loads(profile_text), now_ms, True, heartbeat_ms)
+        profile_back = json.loads(profile_text)
+        return DeviceRecord(device_id, labels, profile_back, now_ms, True, heartbeat_ms, project)
 
-    def enroll_device(self, device_id: str, labels: Mapping[str, str], *, now_ms: int) -> None:
+    def enroll_device(
+        self,
+        device_id: str,
+        labels: Mapping[str, str],
+        *,
+        now_ms: int,
+        project: str = DEFAULT_PROJECT,
+    ) -> None:
         """Record an enrolled device with the labels its claim gave it, before it connects.
 
-        A new device is stored offline with an empty profile; a device the hub
-        knew gets these labels instead of its old ones. Its desired state is
+        A new device is stored offline with an empty profile, in ``project``; a
+        device the hub knew gets these labels instead of its old ones and keeps
+        its project (only a hub admin moves a device). Its desired state is
         recomputed either way.
 
         Raises:
-            ValidationError: A malformed id or label.
+            ValidationError: A malformed id, label or project name.
+            NotFoundError: No such project.
             StoreError: The database failed.
         """
         check.device_id(device_id)
         labels = check_labels(labels)
         check.counter(now_ms, "now_ms")
+        check.name(project, "project name")
         insert = self._dialect.insert(devices).values(
-            device_id=device_id, profile="{}", last_seen_ms=now_ms, online=False
+            device_id=device_id, profile="{}", last_seen_ms=now_ms, online=False, project=project
         )
         with self._tx(write=True, lock="shared") as conn:
+            require_project(conn, project)
             conn.execute(insert.on_conflict_do_nothing(index_elements=["device_id"]))
             _write_labels(conn, device_id, labels)
             recompute(conn, devices.c.device_id == device_id)
@@ -126,18 +170,26 @@ class DeviceTables(StoreBase):
             note = NewEvent(EVENT_DEVICE, f"{device_id} enrolled ({shown})", device_id)
             insert_events(conn, [note], at_ms=now_ms)
 
-    def set_device_labels(self, device_id: str, labels: Mapping[str, str]) -> DeviceRecord:
+    def set_device_labels(
+        self, device_id: str, labels: Mapping[str, str], *, project: str | None = None
+    ) -> DeviceRecord:
         """Replace a device's labels (the hub's API; devices cannot) and recompute its state.
+
+        Args:
+            device_id: The device.
+            labels: Its new labels.
+            project: Only a device of this project (None: any).
 
         Raises:
             ValidationError: A malformed id or label.
-            NotFoundError: No such device.
+            NotFoundError: No such device (in ``project``).
             StoreError: The database failed.
         """
         check.device_id(device_id)
         labels = check_labels(labels)
+        where = _in_project(devices.c.device_id == device_id, project)
         with self._tx(write=True, lock="shared") as conn:
-            row = conn.execute(select(devices).where(devices.c.device_id == device_id)).first()
+            row = conn.execute(select(devices).where(where)).first()
             if row is None:
                 raise NotFoundError(f"no device {device_id!r}")
             _write_labels(conn, device_id, labels)
@@ -227,23 +279,29 @@ class DeviceTables(StoreBase):
             known, counted = conn.execute(query).one()
         return int(known), int(counted)
 
-    def get_device(self, device_id: str) -> DeviceRecord | None:
-        """Return one device, or None if it never registered.
+    def get_device(self, device_id: str, *, project: str | None = None) -> DeviceRecord | None:
+        """Return one device, or None if it never registered (in ``project``, when given).
 
         Raises:
             StoreError: The database failed.
         """
-        found = self._devices(devices.c.device_id == device_id)
+        found = self._devices(_in_project(devices.c.device_id == device_id, project))
         return found[0] if found else None
 
-    def list_devices(self, selector: Mapping[str, str] | None = None) -> list[DeviceRecord]:
+    def list_devices(
+        self, selector: Mapping[str, str] | None = None, *, project: str | None = None
+    ) -> list[DeviceRecord]:
         """Return the devices ``selector`` selects (all when None or empty), by id.
+
+        Args:
+            selector: Required labels.
+            project: Only devices of this project (None: every project).
 
         Raises:
             ValidationError: The selector is malformed.
             StoreError: The database failed.
         """
-        return self._devices(selector_clause(check_labels(selector or {})))
+        return self._devices(_in_project(selector_clause(check_labels(selector or {})), project))
 
     def _devices(self, where: Any) -> list[DeviceRecord]:
         ids = select(devices.c.device_id).where(where)
@@ -258,45 +316,57 @@ class DeviceTables(StoreBase):
 
     # groups
 
-    def create_group(self, name: str, selector: str) -> GroupRecord:
-        """Create a named group; its selector is stored in canonical form.
+    def create_group(self, name: str, selector: str, project: str = DEFAULT_PROJECT) -> GroupRecord:
+        """Create a named group in ``project``; its selector is stored in canonical form.
+
+        Group names are unique across projects: a name another project uses is
+        refused as taken, without saying by whom.
 
         Raises:
-            ValidationError: A malformed name or selector.
-            ConflictError: A group of that name exists.
+            ValidationError: A malformed name, selector or project name.
+            NotFoundError: No such project.
+            ConflictError: A group of that name exists (in any project).
             StoreError: The database failed.
         """
         check.name(name, "group name")
+        check.name(project, "project name")
         canonical = format_selector(parse_selector(selector))
         stmt = (
             self._dialect.insert(device_groups)
-            .values(name=name, selector=canonical)
+            .values(name=name, selector=canonical, project=project)
             .on_conflict_do_nothing(index_elements=["name"])
         )
         with self._tx(write=True) as conn:
+            require_project(conn, project)
             if conn.execute(stmt).rowcount == 0:
-                raise ConflictError(f"group {name!r} exists")
-        return GroupRecord(name, canonical)
+                raise ConflictError(f"group {name!r} exists (group names are taken hub-wide)")
+        return GroupRecord(name, canonical, project)
 
-    def get_group(self, name: str) -> GroupRecord:
-        """Return one group.
+    def get_group(self, name: str, *, project: str | None = None) -> GroupRecord:
+        """Return one group (of ``project``, when given).
 
         Raises:
-            NotFoundError: No group of that name.
+            NotFoundError: No group of that name (in ``project``).
             StoreError: The database failed.
         """
+        query = select(device_groups).where(device_groups.c.name == name)
+        if project is not None:
+            query = query.where(device_groups.c.project == project)
         with self._tx() as conn:
-            row = conn.execute(select(device_groups).where(device_groups.c.name == name)).first()
+            row = conn.execute(query).first()
         if row is None:
             raise NotFoundError(f"no group {name!r}")
-        return GroupRecord(row.name, row.selector)
+        return group_record(row)
 
-    def list_groups(self) -> list[GroupRecord]:
-        """Return every group, by name.
+    def list_groups(self, *, project: str | None = None) -> list[GroupRecord]:
+        """Return every group (of ``project``, when given), by name.
 
         Raises:
             StoreError: The database failed.
         """
+        query = select(device_groups).order_by(device_groups.c.name)
+        if project is not None:
+            query = query.where(device_groups.c.project == project)
         with self._tx() as conn:
-            rows = conn.execute(select(device_groups).order_by(device_groups.c.name)).all()
-        return [GroupRecord(row.name, row.selector) for row in rows]
+            rows = conn.execute(query).all()
+        return [group_record(row) for row in rows]

@@ -20,6 +20,7 @@ __all__ = [
     "EventRecord",
     "GroupRecord",
     "InstructionRecord",
+    "ProjectRecord",
     "ReportedRecord",
     "SecurityEventRecord",
     "SkillStatusRecord",
@@ -35,6 +36,14 @@ DEPLOYMENT_STATES = (DEPLOYMENT_ACTIVE, DEPLOYMENT_ABORTED, DEPLOYMENT_SUPERSEDE
 
 
 @dataclass(frozen=True)
+class ProjectRecord:
+    """A project (tenant): devices, groups, skills and deployments are seen only inside one."""
+
+    name: str
+    created_ms: int
+
+
+@dataclass(frozen=True)
 class DeviceRecord:
     """One device as the hub knows it."""
 
@@ -46,6 +55,8 @@ class DeviceRecord:
     online: bool
     #: The heartbeat interval the hub gave the device when it last connected (0: not known).
     heartbeat_ms: int = 0
+    #: The project (tenant) the device belongs to, fixed at enrolment.
+    project: str = "default"
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class GroupRecord:
 
     name: str
     selector: str
+    project: str = "default"
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class SkillVersionRecord:
     size: int
     manifest: str
     created_ms: int
+    project: str = "default"
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class DeploymentRecord:
     config: dict[str, str]
     state: str
     created_ms: int
+    project: str = "default"
 
 
 @dataclass(frozen=True)

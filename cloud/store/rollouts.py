@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, select, update
+from sqlalchemy import Connection, Row, and_, select, update
 
 from cloud.errors import NotFoundError, StoreError, ValidationError
 from cloud.rollout.events import COMMANDS
@@ -68,26 +68,37 @@ def deployment_record(row: Row[Any]) -> DeploymentRecord:
     """Turn a ``deployments`` row into a record."""
     return DeploymentRecord(
         row.id, row.skill, row.version, row.group_name, row.strategy, json.loads(row.config),
-        row.state, row.created_ms,
+        row.state, row.created_ms, row.project,
     )  # fmt: skip
 
 
-def group_clause(conn: Connection, group: str) -> Any:
+def group_clause(conn: Connection, group: str, project: str | None = None) -> Any:
     """A WHERE clause on ``devices`` keeping the devices group ``group`` selects now.
 
+    A group selects only devices of its own project.
+
+    Args:
+        conn: A connection in a transaction.
+        group: The group's name.
+        project: The project the group must be in (None: any).
+
     Raises:
-        NotFoundError: No such group.
+        NotFoundError: No such group (in ``project``).
         StoreError: Its stored selector is corrupt.
     """
-    row = conn.execute(
-        select(device_groups.c.selector).where(device_groups.c.name == group)
-    ).first()
+    query = select(device_groups.c.selector, device_groups.c.project).where(
+        device_groups.c.name == group
+    )
+    if project is not None:
+        query = query.where(device_groups.c.project == project)
+    row = conn.execute(query).first()
     if row is None:
         raise NotFoundError(f"no group {group!r}")
     try:
-        return selector_clause(parse_selector(row.selector))
+        selected = selector_clause(parse_selector(row.selector))
     except ValidationError as exc:
         raise StoreError(f"group {group!r} has a corrupt selector: {exc}") from exc
+    return and_(selected, devices.c.project == row.project)
 
 
 def supersede_older(conn: Connection, skill: str, group: str, newer: int) -> list[int]:

@@ -68,6 +68,9 @@ devices = Table(
     # The heartbeat interval the hub gave the device when it last connected (0: not
     # known yet); presence is derived from it and last_seen_ms, not from ``online``.
     Column("heartbeat_ms", BigInteger, nullable=False, server_default="0"),
+    # The tenant the device belongs to: fixed at enrolment by the claim token.
+    Column("project", String(NAME_LEN), nullable=False, server_default="default"),
+    Index(None, "project", "device_id"),
 )
 
 # One row per label so that selectors are answered by the database.
@@ -90,6 +93,7 @@ device_groups = Table(
     metadata,
     Column("name", String(NAME_LEN), primary_key=True),
     Column("selector", Text, nullable=False),
+    Column("project", String(NAME_LEN), nullable=False, server_default="default"),
 )
 
 skill_versions = Table(
@@ -102,6 +106,7 @@ skill_versions = Table(
     Column("size", BigInteger, nullable=False),
     Column("manifest", Text, nullable=False),
     Column("created_ms", BigInteger, nullable=False),
+    Column("project", String(NAME_LEN), nullable=False, server_default="default"),
 )
 
 deployments = Table(
@@ -117,6 +122,7 @@ deployments = Table(
     Column("created_ms", BigInteger, nullable=False),
     # Higher wins over lower on the devices two deployments of a skill both select.
     Column("priority", Integer, nullable=False, server_default="0"),
+    Column("project", String(NAME_LEN), nullable=False, server_default="default"),
     ForeignKeyConstraint(
         ["skill", "version"],
         ["skill_versions.name", "skill_versions.version"],
@@ -255,5 +261,6 @@ telemetry = Table(
     Index(None, "skill"),
 )
 
+from cloud.store import access_schema as _access_schema  # noqa: E402, F401 - console access
 from cloud.store import drift_schema as _drift_schema  # noqa: E402, F401 - drift loop tables
 from cloud.store import models_schema as _models_schema  # noqa: E402, F401 - model factory tables

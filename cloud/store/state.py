@@ -146,12 +146,17 @@ class StateTables(StoreBase):
         return None if row is None else _report_record(row)
 
     def device_states(
-        self, selector: Mapping[str, str] | None = None, *, device_id: str | None = None
+        self,
+        selector: Mapping[str, str] | None = None,
+        *,
+        device_id: str | None = None,
+        project: str | None = None,
     ) -> list[DeviceStateRecord]:
         """Return the devices ``selector`` selects with their desired generation and last report.
 
         One transaction and a fixed number of queries, however many devices there are.
-        With ``device_id``, only that device (if the selector selects it).
+        With ``device_id``, only that device (if the selector selects it); with
+        ``project``, only devices of that project.
 
         Raises:
             ValidationError: The selector is malformed.
@@ -160,6 +165,8 @@ class StateTables(StoreBase):
         where = selector_clause(check_labels(selector or {}))
         if device_id is not None:
             where = where & (devices.c.device_id == device_id)
+        if project is not None:
+            where = where & (devices.c.project == project)
         ids = select(devices.c.device_id).where(where)
         with self._tx() as conn:
             labels: dict[str, dict[str, str]] = {}

@@ -1,7 +1,8 @@
 """The hub's store: devices, groups, skills, deployments, their state and telemetry.
 
 The tables are split by concept (:mod:`cloud.store.devices`,
-:mod:`cloud.store.skills`, :mod:`cloud.store.state`); :class:`Store` joins them
+:mod:`cloud.store.skills`, :mod:`cloud.store.state`, :mod:`cloud.store.projects`);
+:class:`Store` joins them
 and adds deployments and telemetry.
 
 Every public method is one database transaction and returns frozen records.
@@ -22,6 +23,7 @@ from cloud.rollout import Strategy, parse_strategy
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.store import checks as check
 from cloud.store import telemetry as tele
+from cloud.store.access import AccessTables
 from cloud.store.desired import recompute
 from cloud.store.devices import DeviceTables
 from cloud.store.director import DirectorTables
@@ -29,6 +31,7 @@ from cloud.store.drift import DriftTables
 from cloud.store.engine import create_store_engine, upgrade_schema
 from cloud.store.events import EVENT_DEPLOYMENT, EventTables, NewEvent, insert_events
 from cloud.store.incidents import IncidentTables
+from cloud.store.projects import DEFAULT_PROJECT, ProjectTables, require_project
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
     DEPLOYMENT_ACTIVE,
@@ -95,6 +98,7 @@ def _reactivate(conn: Connection, aborted: DeploymentRecord) -> DeploymentRecord
 
 
 class Store(
+    AccessTables,
     DeviceTables,
     SkillTables,
     StateTables,
@@ -103,6 +107,7 @@ class Store(
     RolloutTables,
     DriftTables,
     IncidentTables,
+    ProjectTables,
 ):
     """The hub's store; build it with :func:`open_store`.
 
@@ -122,8 +127,12 @@ class Store(
         config: Mapping[str, str] | None = None,
         plan: RolloutPlan | None = None,
         now_ms: int,
+        project: str = DEFAULT_PROJECT,
     ) -> DeploymentRecord:
         """Deploy a skill version to a group and update the desired state of its devices.
+
+        The deployment is in ``project``, and so must be its group and skill
+        version: one of another project is not found, as if it did not exist.
 
         The deployment row and every desired-state change commit together or not at all.
         With a staged ``plan`` (see :func:`cloud.store.rollouts.staged`) the deployment
@@ -134,8 +143,10 @@ class Store(
         and priority are the deployment's.
 
         Raises:
-            ValidationError: A strategy the rollout rule does not know, or a malformed config.
-            NotFoundError: The skill version or the group does not exist.
+            ValidationError: A strategy the rollout rule does not know, a malformed
+                config or project name.
+            NotFoundError: The project, the skill version or the group does not exist
+                (in ``project``).
             StoreError: The database failed or holds corrupt data.
         """
         if plan is not None:
@@ -145,6 +156,7 @@ class Store(
             plan = plan_from_dict({"strategy": strategy.value})  # its defaults
         values = check.config(config)
         check.counter(now_ms, "now_ms")
+        check.name(project, "project name")
         row = {
             "skill": skill,
             "version": version,
@@ -154,12 +166,14 @@ class Store(
             "state": DEPLOYMENT_ACTIVE,
             "created_ms": now_ms,
             "priority": plan.priority if plan is not None else 0,
+            "project": project,
         }
         with self._tx(write=True, lock="exclusive") as conn:
-            self._skill_version(conn, skill, version)
+            require_project(conn, project)
+            self._skill_version(conn, skill, version, project)
             if plan is not None and plan.ab is not None:
-                self._skill_version(conn, skill, plan.ab.control)
-            which = _group_clause(conn, group)
+                self._skill_version(conn, skill, plan.ab.control, project)
+            which = _group_clause(conn, group, project)
             result = conn.execute(deployments.insert().values(**row).returning(deployments.c.id))
             deployment_id = result.scalar_one()
             if plan is not None and staged(plan):
@@ -179,37 +193,48 @@ class Store(
             ]
             insert_events(conn, news, at_ms=now_ms)
         return DeploymentRecord(
-            deployment_id, skill, version, group, strategy.value, values, DEPLOYMENT_ACTIVE, now_ms
-        )
+            deployment_id, skill, version, group, strategy.value, values, DEPLOYMENT_ACTIVE,
+            now_ms, project,
+        )  # fmt: skip
 
-    def get_deployment(self, deployment_id: int) -> DeploymentRecord:
-        """Return one deployment.
+    def get_deployment(self, deployment_id: int, *, project: str | None = None) -> DeploymentRecord:
+        """Return one deployment (of ``project``, when given).
 
         Raises:
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``).
             StoreError: The database failed.
         """
         with self._tx() as conn:
-            return self._deployment(conn, deployment_id)
+            return self._deployment(conn, deployment_id, project)
 
     @staticmethod
-    def _deployment(conn: Connection, deployment_id: int) -> DeploymentRecord:
-        row = conn.execute(select(deployments).where(deployments.c.id == deployment_id)).first()
+    def _deployment(
+        conn: Connection, deployment_id: int, project: str | None = None
+    ) -> DeploymentRecord:
+        query = select(deployments).where(deployments.c.id == deployment_id)
+        if project is not None:
+            query = query.where(deployments.c.project == project)
+        row = conn.execute(query).first()
         if row is None:
             raise NotFoundError(f"no deployment {deployment_id}")
         return deployment_record(row)
 
-    def list_deployments(self) -> list[DeploymentRecord]:
-        """Return every deployment, oldest first.
+    def list_deployments(self, *, project: str | None = None) -> list[DeploymentRecord]:
+        """Return every deployment (of ``project``, when given), oldest first.
 
         Raises:
             StoreError: The database failed.
         """
+        query = select(deployments).order_by(deployments.c.id)
+        if project is not None:
+            query = query.where(deployments.c.project == project)
         with self._tx() as conn:
-            rows = conn.execute(select(deployments).order_by(deployments.c.id)).all()
+            rows = conn.execute(query).all()
         return [deployment_record(row) for row in rows]
 
-    def abort_deployment(self, deployment_id: int, *, now_ms: int) -> DeploymentRecord:
+    def abort_deployment(
+        self, deployment_id: int, *, now_ms: int, project: str | None = None
+    ) -> DeploymentRecord:
         """Abort a deployment; its devices fall back to what the remaining deployments say.
 
         Aborting the active deployment of a skill on a group makes the one it
@@ -219,12 +244,12 @@ class Store(
 
         Raises:
             ValidationError: A malformed time.
-            NotFoundError: No deployment with that id.
+            NotFoundError: No deployment with that id (in ``project``, when given).
             StoreError: The database failed or holds corrupt data.
         """
         check.counter(now_ms, "now_ms")
         with self._tx(write=True, lock="exclusive") as conn:
-            found = self._deployment(conn, deployment_id)
+            found = self._deployment(conn, deployment_id, project)
             if found.state == DEPLOYMENT_ABORTED:
                 return found
             conn.execute(

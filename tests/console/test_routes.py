@@ -1,0 +1,161 @@
+"""Every route of the console API: happy path, role matrix, project isolation, audit.
+
+Parametrised over :func:`tests.console.calls.calls`, which a test checks against
+the app's own route table: a new route without a sample request fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.routing import APIRoute
+
+from cloud.console import app as console_app
+from cloud.console.auth import action_of
+from tests.console.calls import RANKS, STREAMING, Call, calls, token_for
+from tests.console.world import TestClient, World, snapshot
+
+#: The route templates, in the order :func:`calls` lists them.
+_KEYS = [
+    ("GET", "/api/v1/whoami"),
+    ("GET", "/api/v1/tokens"),
+    ("POST", "/api/v1/tokens"),
+    ("DELETE", "/api/v1/tokens/{token_id}"),
+    ("GET", "/api/v1/projects"),
+    ("POST", "/api/v1/projects"),
+    ("GET", "/api/v1/devices"),
+    ("GET", "/api/v1/devices/{device_id}"),
+    ("PUT", "/api/v1/devices/{device_id}/labels"),
+    ("GET", "/api/v1/devices/{device_id}/telemetry"),
+    ("GET", "/api/v1/groups"),
+    ("POST", "/api/v1/groups"),
+    ("GET", "/api/v1/groups/preview"),
+    ("GET", "/api/v1/groups/{name}"),
+    ("GET", "/api/v1/skills"),
+    ("GET", "/api/v1/skills/{name}"),
+    ("GET", "/api/v1/deployments"),
+    ("POST", "/api/v1/deployments"),
+    ("GET", "/api/v1/deployments/{deployment_id}"),
+    ("POST", "/api/v1/deployments/{deployment_id}/pause"),
+    ("POST", "/api/v1/deployments/{deployment_id}/resume"),
+    ("POST", "/api/v1/deployments/{deployment_id}/abort"),
+    ("POST", "/api/v1/deployments/{deployment_id}/rollback"),
+    ("GET", "/api/v1/fleet/overview"),
+    ("POST", "/api/v1/fleet/stop"),
+    ("POST", "/api/v1/bulk/label"),
+    ("GET", "/api/v1/telemetry/summary"),
+    ("GET", "/api/v1/drift/incidents"),
+    ("GET", "/api/v1/drift/incidents/{incident_id}"),
+    ("GET", "/api/v1/drift/series"),
+    ("GET", "/api/v1/drift/settings/{group}"),
+    ("PUT", "/api/v1/drift/settings/{group}"),
+    ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/jobs"),
+    ("GET", "/api/v1/usage"),
+    ("GET", "/api/v1/audit"),
+]
+
+
+def _ids(key: tuple[str, str]) -> str:
+    return f"{key[0]} {key[1].removeprefix('/api/v1')}"
+
+
+def _send(client: TestClient, world: World, call: Call, who: str, query: str = "") -> object:
+    path = call.path + (("&" if "?" in call.path else "?") + query if query else "")
+    return client.request(call.method, path, json=call.body, headers=world.auth(who))
+
+
+def _published(client: TestClient) -> set[tuple[str, str]]:
+    spec = client.get("/api/v1/openapi.json").json()
+    return {(m.upper(), path) for path, ops in spec["paths"].items() for m in ops}
+
+
+def _actions() -> dict[tuple[str, str], list[str]]:
+    found = {}
+    for module in console_app._ROUTERS:
+        for route in module.router.routes:
+            assert isinstance(route, APIRoute)
+            actions = [action_of(d.call) for d in route.dependant.dependencies]
+            for method in route.methods:
+                found[(method, "/api/v1" + route.path)] = [a for a in actions if a]
+    return found
+
+
+def test_every_api_route_has_a_sample_request_and_one_action(
+    world: World, client: TestClient
+) -> None:
+    published = _published(client)
+    assert published == set(calls(world, "alpha")) | STREAMING == set(_KEYS) | STREAMING
+    actions = _actions()
+    assert set(actions) == published
+    for key, found in actions.items():
+        assert len(found) == 1, f"{key} must declare exactly one action, not {found}"
+    spec = client.get("/api/v1/openapi.json").json()
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            assert op.get("security") == [{"HTTPBearer": []}], (method, path)
+
+
+@pytest.mark.parametrize("key", _KEYS, ids=_ids)
+def test_happy_path(world: World, client: TestClient, key: tuple[str, str]) -> None:
+    call = calls(world, "alpha")[key]
+    response = _send(client, world, call, token_for("alpha", call.role))
+    assert response.status_code == call.status, response.text  # type: ignore[attr-defined]
+    assert "beta" not in response.text  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("key", _KEYS, ids=_ids)
+def test_weaker_roles_are_refused_and_change_nothing(
+    world: World, client: TestClient, key: tuple[str, str]
+) -> None:
+    call = calls(world, "alpha")[key]
+    weaker = RANKS[: RANKS.index(call.role)]
+    if not weaker:
+        pytest.skip("every role may do this")
+    before = snapshot(world)
+    for role in weaker:
+        response = _send(client, world, call, token_for("alpha", role))
+        assert response.status_code == 403, (role, response.text)  # type: ignore[attr-defined]
+        assert "needs" in response.json()["error"] or "hub" in response.json()["error"]  # type: ignore[attr-defined]
+    assert snapshot(world) == before
+
+
+@pytest.mark.parametrize("key", _KEYS, ids=_ids)
+def test_a_project_token_sees_and_changes_nothing_of_another_project(
+    world: World, client: TestClient, key: tuple[str, str]
+) -> None:
+    client.put(  # something of beta's in its audit log, made through the API
+        "/api/v1/devices/beta-dev-2/labels",
+        json={"labels": {"kind": "camera", "site": "beta-site", "x": "1"}},
+        headers=world.auth("beta-admin"),
+    ).raise_for_status()
+    beta = snapshot(world, "beta")
+    call = calls(world, "beta")[key]  # alpha's strongest token, naming beta's things
+    response = _send(client, world, call, "alpha-admin")
+    status = response.status_code  # type: ignore[attr-defined]
+    if status < 300:
+        assert "beta" not in response.text  # type: ignore[attr-defined]
+    else:
+        assert status in (403, 404), response.text  # type: ignore[attr-defined]
+    asked = _send(client, world, calls(world, "alpha")[key], "alpha-admin", "project=beta")
+    assert asked.status_code == 403, asked.text  # type: ignore[attr-defined]
+    assert snapshot(world, "beta") == beta
+
+
+@pytest.mark.parametrize("key", _KEYS, ids=_ids)
+def test_every_change_is_in_the_audit_log(
+    world: World, client: TestClient, key: tuple[str, str]
+) -> None:
+    call = calls(world, "alpha")[key]
+    if not call.mutating:
+        pytest.skip("reads change nothing")
+    who = token_for("alpha", call.role)
+    seen = {e.id for e in world.fleet.audit.search(None, limit=1000)}
+    response = _send(client, world, call, who)
+    assert response.status_code == call.status, response.text  # type: ignore[attr-defined]
+    new = [e for e in world.fleet.audit.search(None, limit=1000) if e.id not in seen]
+    assert new, "no audit entry"
+    assert {e.action for e in new} == {call.audit}
+    assert all(e.actor.endswith(f":{who}") for e in new)
+    assert all(isinstance(e.before, dict) and isinstance(e.after, dict) for e in new)
+    if call.role != "hub":
+        assert {e.project for e in new} == {"alpha"}
