@@ -32,8 +32,6 @@ from cloud.console.assets import STATIC_ROOT, asset_root
 from cloud.console.errors import error_response, install_error_handlers
 from cloud.console.guard import MAX_BODY_BYTES, Guard
 from cloud.service import FleetService
-from cloud.service.metering import MeteringService
-from cloud.service.search import DeviceSearch
 from protos.envelope import now_ms
 
 __all__ = ["API_PREFIX", "create_app"]
@@ -75,19 +73,6 @@ def _pages(app: FastAPI) -> None:
         )
 
 
-def _search_and_metering(
-    fleet: FleetService, clock: Callable[[], int]
-) -> tuple[DeviceSearch, MeteringService]:
-    """The fleet's device search and metering, made over its store if it does not offer them."""
-    search = getattr(fleet, "search", None)
-    metering = getattr(fleet, "metering", None)
-    store = fleet._hub.store
-    return (
-        search if isinstance(search, DeviceSearch) else DeviceSearch(store, clock),
-        metering if isinstance(metering, MeteringService) else MeteringService(store),
-    )
-
-
 def create_app(
     fleet: FleetService,
     *,
@@ -110,7 +95,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.fleet = fleet
-    app.state.search, app.state.metering = _search_and_metering(fleet, clock)
+    app.state.search, app.state.metering = fleet.search, fleet.metering
     app.state.clock = clock
     if poll_s is not None:
         app.state.poll_s = poll_s

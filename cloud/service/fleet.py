@@ -15,6 +15,8 @@ from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService, GroupService, IdentityService
 from cloud.service.drift import DriftService
 from cloud.service.events import EventService
+from cloud.service.metering import MeteringService
+from cloud.service.search import DeviceSearch
 from cloud.service.skills import SkillService
 from cloud.service.telemetry import TelemetryService
 from protos.envelope import now_ms
@@ -44,6 +46,8 @@ class FleetService:
         self.tokens = TokenService(hub.store, clock)
         self.audit = AuditService(hub.store, clock)
         self.projects = ProjectService(hub.store, clock)
+        self.search = DeviceSearch(hub.store, clock)
+        self.metering = MeteringService(hub.store)
 
     @classmethod
     def open(cls, home: Path) -> FleetService:
