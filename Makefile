@@ -1,15 +1,16 @@
 # One-command set-up and runs. Every target is idempotent.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt | sha256sum | cut -c1-16)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-tflite.txt requirements-library.txt | sha256sum | cut -c1-16)
 
-.PHONY: setup demo test lint bench fuzz services services-stop proto browser clean
+.PHONY: setup demo test lint bench fuzz services services-stop proto system-deps clean
 
-$(STAMP): pyproject.toml requirements-tflite.txt
+$(STAMP): pyproject.toml requirements-tflite.txt requirements-library.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[hub,dev,ray]'
 	$(PY) -m pip install -q --no-deps -r requirements-tflite.txt
+	$(PY) -m pip install -q --no-deps -r requirements-library.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -44,10 +45,17 @@ lint: setup
 	$(PY) -m protos.generate --check
 
 # The browser tests (tests/console/) drive Debian's Chromium headless.
-browser:
-	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+# What the tests need from Debian, installed with apt when missing: chromium (console
+# browser tests) and espeak-ng (speech for the voice skills' tests).
+DEBIAN_DEPS := chromium espeak-ng
+system-deps:
+	@missing=$$(for p in $(DEBIAN_DEPS); do command -v $$p >/dev/null || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing with apt: $$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
 
-test: setup services lint browser
+test: setup services lint system-deps
 	$(WITH_SERVICES) $(VENV)/bin/pytest -q -n 2 --dist worksteal --durations=40
 
 bench: setup services

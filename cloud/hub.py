@@ -34,6 +34,7 @@ from cloud.hub_config import (
 from cloud.hubcore import HubCore
 from cloud.leader import Election, open_election
 from cloud.loops import LoopFactory, LoopHost, periodic
+from cloud.metering_loop import MeteringLoop
 from cloud.metrics import start_hub_metrics
 from cloud.pki import init_hub_pki
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
@@ -275,6 +276,7 @@ class Hub:
         )
         host.add("rollouts", RolloutLoop(self.store).factory(), leader_only=True)
         host.add("drift", self._drift_loop(drift_tick_s), leader_only=True)
+        host.add("metering", MeteringLoop(self.store).factory(), leader_only=True)
         if not self.config.insecure:
             host.add(
                 "crl-refresh",

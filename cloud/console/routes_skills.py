@@ -38,7 +38,11 @@ def list_skills(fleet: Fleet, caller: Reader) -> JSONResponse:
 
 @router.get("/skills/{name}", summary="One skill")
 def get_skill(fleet: Fleet, caller: Reader, name: SkillPath) -> JSONResponse:
-    """A skill's versions (immutable, signed) and the deployments of each."""
+    """A skill's versions (immutable, signed), the deployments of each, and their lineage.
+
+    ``lineage`` has one row per model artefact a version ships: its target and
+    variant, the model it came from, and that model's training job and data set.
+    """
     versions = fleet.skills.list(name, project=caller.project)
     if not versions:
         raise NotFoundError(f"no skill {name!r}")
@@ -47,4 +51,5 @@ def get_skill(fleet: Fleet, caller: Reader, name: SkillPath) -> JSONResponse:
         for d in fleet.deployments.list(project=caller.project)
         if d.skill == name and caller.group in (None, d.group)
     ]
-    return reply({**_by_skill(versions)[0], "deployments": deployments})
+    lineage = fleet.skills.lineage(name, project=caller.project)
+    return reply({**_by_skill(versions)[0], "deployments": deployments, "lineage": lineage})

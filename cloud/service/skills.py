@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -10,6 +11,7 @@ from cloud.errors import ConflictError, NotFoundError, ValidationError
 from cloud.service.views import PublishedSkill, SkillVersionView
 from cloud.store import SkillVersionRecord, Store
 from cloud.store.checks import name as check_name
+from cloud.store.lineage import LineageStep
 from cloud.store.models import ModelTables
 from skills.bundle import read_manifest
 from skills.errors import SkillError
@@ -132,3 +134,14 @@ class SkillService:
             StoreError: The store failed.
         """
         return [version_view(r) for r in self._store.list_skill_versions(name, project=project)]
+
+    def lineage(self, name: str, *, project: str | None = None) -> builtins.list[LineageStep]:
+        """What each version of skill ``name`` ships: artefact, variant, model, job, data set.
+
+        Raises:
+            NotFoundError: no such skill (in ``project``, when given).
+            StoreError: the store failed.
+        """
+        if not self.list(name, project=project):
+            raise NotFoundError(f"no skill {name!r}")
+        return self._store.skill_lineage(name)

@@ -31,6 +31,7 @@ from cloud.store.drift import DriftTables
 from cloud.store.engine import create_store_engine, upgrade_schema
 from cloud.store.events import EVENT_DEPLOYMENT, EventTables, NewEvent, insert_events
 from cloud.store.incidents import IncidentTables
+from cloud.store.lineage import LineageTables
 from cloud.store.projects import DEFAULT_PROJECT, ProjectTables, require_project
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
@@ -107,6 +108,7 @@ class Store(
     RolloutTables,
     DriftTables,
     IncidentTables,
+    LineageTables,
     ProjectTables,
 ):
     """The hub's store; build it with :func:`open_store`.

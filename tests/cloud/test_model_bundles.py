@@ -111,3 +111,28 @@ def test_a_reference_needs_images_and_a_model_that_runs(tmp_path: Path) -> None:
         classifier_reference(broken, images[:0])
     with pytest.raises(FactoryError, match="images"):
         classifier_reference(broken, images[0])
+
+
+def test_a_published_versions_lineage_reads_back_to_its_data_set(
+    digits_weights: Path, tmp_path: Path
+) -> None:
+    store: Store = open_store(f"sqlite:///{tmp_path / 'hub.db'}")
+    try:
+        factory = ModelFactory(tmp_path / "home", store)
+        dataset = factory.add_builtin_dataset("digits")
+        model = factory.import_model(digits_weights, name="digits", dataset_id=dataset.id)
+        artifact = factory.convert(model.id, "onnx-cpu")
+        bundle = package_skill(factory, LIBRARY / "digits", "1.1.0", [artifact], tmp_path / "d")
+        for version, manifest in (("1.0.0", ""), ("1.1.0", read_manifest(bundle).to_toml())):
+            store.add_skill_version(
+                "digits", version, target_name=f"digits/{version}.skill", sha256="a" * 64,
+                size=1, manifest=manifest, now_ms=1,
+            )  # fmt: skip
+        factory.link_skill_version("digits", "1.1.0")  # as publishing does
+        assert store.skill_lineage("other") == []
+        (step,) = store.skill_lineage("digits")  # 1.0.0 ships no factory model
+        assert (step.version, step.artifact_id, step.target) == ("1.1.0", artifact.id, "onnx-cpu")
+        assert (step.model, step.model_id, step.dataset) == ("digits", model.id, "digits")
+        assert step.dataset_version == dataset.version and step.variant == "float"
+    finally:
+        store.close()

@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from cloud.service import FleetService
+from skills.drift_reference import DriftReference, build_reference
 from tests.support import Fleet, agent_args, free_port, wait_for_port, wait_until
 from tests.support.skillkit import LIBRARY, VariantFile, build_skill
 
@@ -50,8 +51,8 @@ DEVICES = [
 #: Published versions of ``digits``; the first is deployed to ``cameras`` by the rig.
 VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.3.0")
 #: Items each camera classifies per skill version, and how fast (per second).
-STREAM_ITEMS = 60
-STREAM_RATE_HZ = 20
+STREAM_ITEMS = 100
+STREAM_RATE_HZ = 25
 #: Seconds a page gets to show what the hub did (installs, rollouts, live updates).
 DEADLINE_S = 90
 
@@ -99,19 +100,39 @@ def _classifier(path: Path, weights: np.ndarray) -> Path:
     return path
 
 
+def _images(count: int, seed: int) -> np.ndarray:
+    """Random 8x8 images scaled to [0, 1], as the agent's replay feeds them."""
+    return np.random.default_rng(seed).random((count, 1, 8, 8)).astype(np.float32)
+
+
+def _answers(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The classifier's classes and top-class confidences on ``x`` (numpy, as ONNX runs it)."""
+    logits = x.reshape(len(x), 64).astype(np.float64) @ weights
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+    return probabilities.argmax(axis=1), probabilities.max(axis=1)
+
+
+def _reference(weights: np.ndarray) -> DriftReference:
+    """A drift reference from the classifier's answers on other images of the same kind."""
+    x = _images(500, seed=11)
+    classes, confidences = _answers(x, weights)
+    brightness = x.reshape(len(x), -1).mean(axis=1)
+    return build_reference(classes, confidences, {"brightness": brightness})
+
+
 def _stream(path: Path, weights: np.ndarray) -> Path:
     """A replay file the classifier gets about 80% right (labels: its own answer, mostly)."""
-    rng = np.random.default_rng(7)
-    x = rng.integers(0, 17, size=(STREAM_ITEMS, 1, 8, 8)).astype(np.float32)
-    y = (x.reshape(STREAM_ITEMS, 64) @ weights).argmax(axis=1).astype(np.int64)
-    wrong = rng.random(STREAM_ITEMS) < 0.2
+    x = _images(STREAM_ITEMS, seed=7)
+    y = _answers(x, weights)[0].astype(np.int64)
+    wrong = np.random.default_rng(5).random(STREAM_ITEMS) < 0.2
     y[wrong] = (y[wrong] + 1) % 10
     np.savez(path, x=x, y=y)
     return path
 
 
-def _admin_token(home: Path, fleet: FleetService) -> str:
-    """An admin token: from ``edgeskill console token create`` when the CLI has it."""
+def _admin_token(home: Path) -> str:
+    """An admin token, made as an operator would: with ``edgeskill console token create``."""
     result = subprocess.run(
         [
             sys.executable,
@@ -120,6 +141,7 @@ def _admin_token(home: Path, fleet: FleetService) -> str:
             "console",
             "token",
             "create",
+            "--name",
             "browser-tests",
             "--role",
             "admin",
@@ -131,11 +153,9 @@ def _admin_token(home: Path, fleet: FleetService) -> str:
         check=False,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
-    found = re.search(r"est_[A-Za-z0-9_-]+", result.stdout)
-    if result.returncode == 0 and found:
-        return found.group(0)
-    _, secret = fleet.tokens.create("browser-tests", "admin", None)  # no CLI command (yet)
-    return secret
+    found = re.search(r"est_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", result.stdout)
+    assert result.returncode == 0 and found, result.stdout + result.stderr
+    return found.group(0)
 
 
 def _start_agents(
@@ -160,22 +180,21 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     fleet = FleetService.init(home, grpc_bind=f"127.0.0.1:{grpc_port}")
     weights = np.random.default_rng(3).normal(size=(64, 10)).astype(np.float32)
     model = VariantFile("onnx-cpu", "fp32", _classifier(work / "digits.onnx", weights))
+    reference = _reference(weights)
     for version in VERSIONS:
-        fleet.skills.publish(build_skill(LIBRARY / "digits", version, [model], work / "dist"))
+        bundle = build_skill(
+            LIBRARY / "digits", version, [model], work / "dist", reference=reference
+        )
+        fleet.skills.publish(bundle)
     source = _stream(work / "stream.npz", weights)
-    token = _admin_token(home, fleet)
+    token = _admin_token(home)
     console_port = free_port()
     procs = Fleet(work / "logs")
     with contextlib.ExitStack() as stack:
         stack.callback(fleet.close)
         stack.callback(procs.stop_all)
         serve = ["hub", "serve", "--home", str(home), "--heartbeat", "2"]
-        import os  # DEV-ONLY
-        if os.environ.get("DEV_CONSOLE"):
-            procs.start("hub", serve)
-            procs.spawn("console", [sys.executable, "/tmp/serve_console.py", str(home), str(console_port)])
-        else:
-            procs.start("hub", [*serve, "--console-bind", f"127.0.0.1:{console_port}"])
+        procs.start("hub", [*serve, "--console-bind", f"127.0.0.1:{console_port}"])
         wait_for_port(grpc_port)
         wait_for_port(console_port)
         _start_agents(procs, fleet, work, f"grpcs://127.0.0.1:{grpc_port}", source)
@@ -194,9 +213,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
                 "the cameras to run digits 1.0.0",
             )
             wait_until(
-                lambda: fleet.telemetry.inferences_by_device().get("cam-1", 0) > 0,
+                lambda: fleet.telemetry.inferences_by_device().get("cam-1", 0) >= STREAM_ITEMS,
                 30,
-                "telemetry from cam-1",
+                "cam-1 to classify its stream",
             )
         except TimeoutError as exc:
             logs = "\n".join(f"--- {n}\n{rig.log(n)}" for n in ("hub", "cam-1", "gw-1"))
@@ -214,7 +233,9 @@ def playwright() -> Iterator[Playwright]:
 def browser(playwright: Playwright) -> Iterator[Browser]:
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.skip("no chromium: `make test` installs it (apt-get install chromium)")
+        pytest.fail(
+            "no chromium: `make test` installs it (apt-get install chromium)", pytrace=False
+        )
     browser = playwright.chromium.launch(
         executable_path=chromium, headless=True, args=["--no-sandbox"]
     )

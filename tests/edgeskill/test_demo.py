@@ -58,6 +58,10 @@ def _check_authenticated(work: Path, stdout: str, transport: str) -> None:
     for device in ("cam-1", "cam-2", "gw-1"):
         assert f"enrolled as {device};" in logs[device]
     assert not [name for name, text in logs.items() if "INSECURE" in text]
+    # The console ran in the hub process, at the address the demo printed with a token.
+    printed = re.search(r"console: http://127\.0\.0\.1:(\d+)/", stdout)
+    assert printed is not None and re.search(r"console token: est_[0-9a-f]{12}_\S{43}", stdout)
+    assert f"hub serving the console on port {printed.group(1)}" in logs["hub"]
     if transport != "mqtt":
         return
     for user in ("hub", "cam-1", "cam-2", "gw-1"):  # the broker's user name is the certificate's CN

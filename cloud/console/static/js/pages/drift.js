@@ -14,7 +14,7 @@ const RANGES = [
 export function render(view, { query }) {
   const skill = h("select", { name: "skill", id: "drift-skill" }, h("option", { value: "" }, "every skill"));
   const group = h("select", { name: "group", id: "drift-group" }, h("option", { value: "" }, "every group"));
-  const range = h("select", { name: "range", id: "drift-range" }, RANGES.map(([label, ms], i) => h("option", { value: ms, selected: i === 2 }, `last ${label}`)));
+  const range = h("select", { name: "range", id: "drift-range" }, RANGES.map(([label, ms], i) => h("option", { value: ms, selected: i === 0 }, `last ${label}`)));
   const form = h("form", { class: "filters", onsubmit: (e) => (e.preventDefault(), plots.refresh()) },
     h("label", {}, "skill", skill), h("label", {}, "group", group), h("label", {}, "period", range),
     h("button", { type: "submit" }, "Show"));

@@ -85,11 +85,16 @@ async function fillChoices(skill, version, group, wantedGroup) {
     const names = items(skills, "skills").map((s) => s.name);
     skill.replaceChildren(...names.map((n) => option(n)));
     group.replaceChildren(...items(groups, "groups").map((g) => option(g.name, g.name === wantedGroup)));
+    let loaded = null; // the skill whose versions the version list holds
     const versions = async () => {
-      if (!skill.value) return version.replaceChildren();
-      const detail = await api(`/skills/${encodeURIComponent(skill.value)}`);
+      const name = skill.value;
+      if (name === loaded) return;
+      loaded = name;
+      if (!name) return version.replaceChildren();
+      const detail = await api(`/skills/${encodeURIComponent(name)}`);
+      if (skill.value !== name) return; // another skill was picked meanwhile
       const list = items(detail, "versions").map((v) => (typeof v === "string" ? v : v.version));
-      version.replaceChildren(...list.reverse().map((v) => option(v)));
+      version.replaceChildren(...list.reverse().map((v) => option(v))); // newest first
     };
     skill.addEventListener("change", versions);
     await versions();
@@ -121,12 +126,13 @@ export function renderDetail(view, { params: [id] }) {
   const body = h("div", { dataset: { testid: "rollout" } });
   const controls = h("div", { class: "controls", dataset: { testid: "rollout-controls" } });
 
+  let shown = null; // the status on the page, for the questions below
   const act = (kind, ask) =>
     h("button", {
       type: "button",
       dataset: { action: kind },
       onclick: async () => {
-        if (ask && !confirm(ask)) return;
+        if (ask && !confirm(ask(Boolean(shown?.rollout)))) return;
         try {
           await post(`/deployments/${id}/${kind}`);
           notice(status, `${kind} requested.`);
@@ -139,13 +145,17 @@ export function renderDetail(view, { params: [id] }) {
   const buttons = {
     pause: act("pause"),
     resume: act("resume"),
-    abort: act("abort", `Abort deployment #${id}? Devices it moved go back to what they ran before.`),
-    rollback: act("rollback", `Roll deployment #${id} back? Every device it moved returns to the previous version.`),
+    abort: act("abort", (staged) =>
+      staged
+        ? `Abort deployment #${id}? Its rollout stops where it is: devices it moved keep the new version (roll back to move them back).`
+        : `Abort deployment #${id}? Its devices fall back to what the other deployments say.`),
+    rollback: act("rollback", () => `Roll deployment #${id} back? Every device it moved returns to the version it ran before.`),
   };
   controls.append(...Object.values(buttons));
 
   const page = loader(body, () => api(`/deployments/${id}`), (answer) => {
     const data = answer?.status ?? answer;
+    shown = data;
     enable(buttons, data);
     return drawDetail(data);
   }, "Loading the deployment…");
@@ -157,12 +167,13 @@ export function renderDetail(view, { params: [id] }) {
 function enable(buttons, data) {
   const phase = data?.rollout?.phase ?? "";
   const state = data?.state ?? "";
-  const over = ["aborted", "rolled_back", "superseded"].includes(phase) || ["aborted", "superseded"].includes(state);
   const staged = Boolean(data?.rollout);
-  buttons.pause.disabled = !data || !staged || over || phase === "paused" || phase === "completed";
+  // A staged rollout that ended takes no command; one all at once can be aborted until it is.
+  const ended = staged ? ["completed", "aborted", "rolled_back"].includes(phase) : ["aborted", "superseded"].includes(state);
+  buttons.pause.disabled = !data || !staged || ended || phase === "paused";
   buttons.resume.disabled = !data || !staged || phase !== "paused";
-  buttons.abort.disabled = !data || over || (staged && phase === "completed");
-  buttons.rollback.disabled = !data || over;
+  buttons.abort.disabled = !data || ended;
+  buttons.rollback.disabled = !data || ended;
 }
 
 function drawDetail(data) {

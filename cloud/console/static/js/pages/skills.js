@@ -52,7 +52,10 @@ function drawDetail(data) {
           h("dd", {}, h("code", {}, v.target_name || "–"), v.size ? ` (${fmtNum(v.size)} bytes)` : ""),
           v.sha256 ? [h("dt", {}, "sha256"), h("dd", {}, h("code", {}, v.sha256))] : null,
         ),
-        lineage(v.lineage ?? v.artifacts ?? v.models),
+        lineage(
+          v.lineage ??
+            (Array.isArray(data.lineage) ? data.lineage.filter((s) => s.version === v.version) : null),
+        ),
       ),
     );
 }
@@ -71,6 +74,19 @@ function lineage(raw) {
 
 function stepText(step) {
   if (typeof step !== "object" || step === null) return String(step);
+  if ("artifact_id" in step) {
+    // One artefact the version ships, back to the data it was trained on.
+    const pct = (x) => (x == null ? "–" : `${(100 * x).toFixed(1)}%`);
+    return [
+      h("strong", {}, step.dataset ? `${step.dataset} v${step.dataset_version}` : "no data set"),
+      step.job_id != null ? ` → job ${step.job_id}` : "",
+      " → model ",
+      h("strong", {}, step.model),
+      ` (${step.arch}, test ${pct(step.test_accuracy)})`,
+      ` → variant ${step.variant} (${pct(step.variant_accuracy)})`,
+      ` → artefact ${step.artifact_id} for ${step.target}`,
+    ];
+  }
   if ("value" in step && Object.keys(step).length === 2) return [h("strong", {}, step.kind), " ", show(step.value)];
   const kind = step.kind ?? step.type ?? "";
   const rest = Object.entries(step).filter(([k]) => k !== "kind" && k !== "type");

