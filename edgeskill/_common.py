@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -140,6 +141,58 @@ def _fleet(home: Path) -> Iterator[FleetService]:
         raise typer.Exit(2) from exc
     finally:
         fleet.close()
+
+
+def audited(
+    fleet: FleetService,
+    action: str,
+    target: str,
+    *,
+    before: object = None,
+    after: object = None,
+    project: str | None = None,
+) -> None:
+    """Write the audit entry of a change this command made, as the local CLI (``cli:<user>``).
+
+    Call it once the change succeeded, with the action names the REST API uses.
+    ``before`` and ``after`` are the record's fields: a service view (a dataclass)
+    or a mapping, never a secret. The entry's project is ``project``, else the
+    ``project`` of the record after (or before) the change, else ``default``.
+
+    Raises:
+        ValidationError: A field over the audit log's caps.
+        StoreError: The store failed.
+    """
+    from cloud.service.access import Principal  # noqa: PLC0415
+
+    old, new = _audit_fields(before), _audit_fields(after)
+    found = new.get("project") or old.get("project")
+    where = project or (found if isinstance(found, str) and found else None)
+    fleet.audit.record(Principal.local(), action, target, old, new, where)
+
+
+def _audit_fields(value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return dict(cast("Mapping[str, Any]", value))
+
+
+@contextlib.contextmanager
+def _audit_log(home: Path) -> Iterator[FleetService | None]:
+    """The fleet whose audit log records a change to ``home`` made without the store.
+
+    None where ``home`` holds no hub (a bare trust repository has no log). Open it
+    before the change: a hub whose store cannot be opened refuses the command.
+    """
+    from cloud.hub_config import CONFIG_FILE  # noqa: PLC0415
+
+    if not (home / CONFIG_FILE).is_file():
+        yield None
+        return
+    with _fleet(home) as fleet:
+        yield fleet
 
 
 def write_holdout_stream(factory: ModelFactory, model: int | str, out: Path) -> int:

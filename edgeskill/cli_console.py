@@ -23,6 +23,7 @@ from edgeskill._common import (
     _run_until_signal,
     _setup_logging,
     _warn_insecure,
+    audited,
     console,
     print_error,
 )
@@ -105,6 +106,7 @@ def token_create(
     """
     with _fleet(home) as fleet:
         view, secret = fleet.tokens.create(name, role, project, group, ttl)
+        audited(fleet, "tokens.create", f"token/{view.token_id}", after=view)
     console.print(
         f"token {view.token_id} ({escape(view.role)}, project "
         f"{escape(view.project or 'every project')}"
@@ -152,5 +154,7 @@ def token_revoke(
       edgeskill console token revoke 3f2a9c01d4e5 --home hub
     """
     with _fleet(home) as fleet:
+        before = next((t for t in fleet.tokens.list(None) if t.token_id == token_id), None)
         view = fleet.tokens.revoke(token_id, None)
+        audited(fleet, "tokens.revoke", f"token/{token_id}", before=before, after=view)
     console.print(f"revoked token {view.token_id} ({escape(view.name)})")

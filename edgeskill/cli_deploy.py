@@ -6,6 +6,7 @@ imported only then.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,11 +14,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, console, print_error
+from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, audited, console, print_error
 from edgeskill.cli_project import ProjectOpt
 
 if TYPE_CHECKING:
-    from cloud.service.views import RolloutView
+    from cloud.service.views import DeploymentView, RolloutView
 
 deploy_app = typer.Typer(help="Roll skill versions out to device groups.", no_args_is_help=True)
 
@@ -91,6 +92,7 @@ def deploy_create(
             skill, version, group, strategy=strategy, config=config or [], plan=text,
             canary=canary, priority=priority, windows=window or [], project=project,
         )  # fmt: skip
+        audited(fleet, "deployments.create", f"deployment/{dep.id}", after=dep)
     console.print(f"deployment {dep.id}: {skill} {version} -> {group} ({dep.strategy})")
 
 
@@ -140,9 +142,23 @@ def deploy_abort(deployment_id: DeploymentId, home: HomeOpt = DEFAULT_HOME) -> N
     All at once: its devices fall back to the previous deployment's version.
     Staged: the rollout stops where it is (use `deploy rollback` to undo it).
     """
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.abort(deployment_id)
+    dep = _steer(home, deployment_id, "abort")
     console.print(f"deployment {dep.id} {_asked(dep.state, dep.strategy, 'abort')}")
+
+
+def _steer(home: Path, deployment_id: int, command: str) -> DeploymentView:
+    """Abort, pause, resume or roll back a deployment, and record it in the audit log."""
+    with _fleet(home) as fleet:
+        before = fleet.deployments.get(deployment_id)
+        after: DeploymentView = getattr(fleet.deployments, command)(deployment_id)
+        audited(
+            fleet,
+            f"deployments.{command}",
+            f"deployment/{deployment_id}",
+            before=before,
+            after={**dataclasses.asdict(after), "requested": command},
+        )
+    return after
 
 
 def _asked(state: str, strategy: str, kind: str) -> str:
@@ -153,38 +169,43 @@ def _asked(state: str, strategy: str, kind: str) -> str:
 @deploy_app.command("pause")
 def deploy_pause(deployment_id: DeploymentId, home: HomeOpt = DEFAULT_HOME) -> None:
     """Hold a staged rollout: no new wave opens until `deploy resume`."""
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.pause(deployment_id)
+    dep = _steer(home, deployment_id, "pause")
     console.print(f"deployment {dep.id}: pause asked; the hub's leader carries it out")
 
 
 @deploy_app.command("resume")
 def deploy_resume(deployment_id: DeploymentId, home: HomeOpt = DEFAULT_HOME) -> None:
     """Let a paused staged rollout carry on."""
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.resume(deployment_id)
+    dep = _steer(home, deployment_id, "resume")
     console.print(f"deployment {dep.id}: resume asked; the hub's leader carries it out")
 
 
 @deploy_app.command("rollback")
 def deploy_rollback(deployment_id: DeploymentId, home: HomeOpt = DEFAULT_HOME) -> None:
     """Return every device the deployment moved to the version it ran before."""
-    with _fleet(home) as fleet:
-        dep = fleet.deployments.rollback(deployment_id)
+    dep = _steer(home, deployment_id, "rollback")
     console.print(f"deployment {dep.id} {_asked(dep.state, dep.strategy, 'rollback')}")
 
 
 @deploy_app.command("stop-all")
 def deploy_stop_all(home: HomeOpt = DEFAULT_HOME) -> None:
     """Fleet-wide stop switch: no staged rollout moves a device until `deploy resume-all`."""
-    with _fleet(home) as fleet:
-        changed = fleet.deployments.fleet_stop(True)
+    changed = _stop_switch(home, on=True)
     console.print("fleet stop switch on" + ("" if changed else " (it already was)"))
 
 
 @deploy_app.command("resume-all")
 def deploy_resume_all(home: HomeOpt = DEFAULT_HOME) -> None:
     """Turn the fleet-wide stop switch off; staged rollouts carry on."""
-    with _fleet(home) as fleet:
-        changed = fleet.deployments.fleet_stop(False)
+    changed = _stop_switch(home, on=False)
     console.print("fleet stop switch off" + ("" if changed else " (it already was)"))
+
+
+def _stop_switch(home: Path, *, on: bool) -> bool:
+    """Turn the fleet-wide stop switch on or off; whether it changed (then it is audited)."""
+    with _fleet(home) as fleet:
+        before = fleet.deployments.fleet_stopped()
+        changed = fleet.deployments.fleet_stop(on)
+        if changed:
+            audited(fleet, "fleet.stop", "fleet/stop", before={"on": before}, after={"on": on})
+    return changed

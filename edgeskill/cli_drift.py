@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, console, print_error
+from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, audited, console, print_error
 
 if TYPE_CHECKING:
     from cloud.service.drift import IncidentView
@@ -127,9 +127,17 @@ def drift_settings(
         except ValueError:
             changes[key.strip()] = text
     with _fleet(home) as fleet:
-        chosen = (
-            fleet.drift.set_settings(group, **changes) if changes else fleet.drift.settings(group)
-        )
+        chosen = fleet.drift.settings(group)
+        if changes:
+            before, chosen = chosen, fleet.drift.set_settings(group, **changes)
+            audited(
+                fleet,
+                "drift.settings",
+                f"group/{group}",
+                before=before.to_dict(),
+                after=chosen.to_dict(),
+                project=fleet.groups.get(group).project,
+            )
     table = Table("setting", "value", title=f"drift settings of group {escape(group)}")
     for key, value in sorted(chosen.to_dict().items()):
         table.add_row(escape(key), escape(json.dumps(value)))

@@ -6,6 +6,7 @@ imported only then.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,7 +15,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, _labels, console, print_error
+from edgeskill._common import (
+    DEFAULT_HOME,
+    HomeOpt,
+    _fleet,
+    _labels,
+    audited,
+    console,
+    print_error,
+)
 from edgeskill.cli_project import ProjectFilterOpt, ProjectOpt
 
 if TYPE_CHECKING:
@@ -159,6 +168,9 @@ def skill_push(
     allowed = unchecked_target or []
     with _fleet(home) as fleet:
         published = fleet.skills.publish(bundle, unchecked_targets=allowed, project=project)
+        rec = published.version
+        after = {**dataclasses.asdict(rec), "linked_artifacts": published.linked_artifacts}
+        audited(fleet, "skills.publish", f"skill/{rec.name}/{rec.version}", after=after)
     if allowed:
         for variant in read_manifest(bundle).models:
             if variant.target in allowed and uncheckable_reason(variant):
@@ -166,7 +178,6 @@ def skill_push(
                     f"[bold red]WARNING:[/] {escape(variant.path)} (target {variant.target}) "
                     "was signed without being run: nothing shows it works until a device loads it."
                 )
-    rec = published.version
     console.print(f"pushed {rec.name} {rec.version} ({rec.size} bytes, sha256 {rec.sha256[:12]})")
     if published.linked_artifacts:
         console.print(
@@ -204,7 +215,8 @@ def groups_create(
     The group is in --project and selects only that project's devices.
     """
     with _fleet(home) as fleet:
-        fleet.groups.create(name, selector, all_devices=all_devices, project=project)
+        group = fleet.groups.create(name, selector, all_devices=all_devices, project=project)
+        audited(fleet, "groups.create", f"group/{group.name}", after=group)
     console.print(f"group {name} = {selector or '(all devices)'}")
 
 
@@ -339,6 +351,15 @@ def devices_label(
     """Replace a device's labels; its desired state follows. Devices cannot change them."""
     wanted = _labels(labels)
     with _fleet(home) as fleet:
+        before = fleet.devices.get(device_id)
         view = fleet.devices.label(device_id, wanted)
+        audited(
+            fleet,
+            "devices.label",
+            f"device/{device_id}",
+            before={"labels": before.labels},
+            after={"labels": view.labels},
+            project=view.project,
+        )
     shown = ",".join(f"{k}={v}" for k, v in sorted(view.labels.items()))
     console.print(f"{device_id}: {shown or '(no labels)'}")

@@ -7,6 +7,7 @@ keeps working on a device where only the ``edge`` extra is installed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,11 +18,13 @@ from edgeskill._common import (
     DEFAULT_HOME,
     HomeOpt,
     MetricsBindOpt,
+    _audit_log,
     _fleet,
     _labels,
     _run_until_signal,
     _setup_logging,
     _warn_insecure,
+    audited,
     console,
     print_error,
 )
@@ -148,10 +151,10 @@ def hub_init(
             root_keys=tuple(root_key or ()),
             root_threshold=root_threshold,
         )
+        _record_init(hub, mqtt=bool(mqtt), root_keys=len(root_key or ()), threshold=root_threshold)
     except HubError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc
-    hub.close()
     if insecure:
         _warn_insecure()
     console.print(f"hub initialised in {home}; devices trust {home / 'trust/metadata/root.json'}")
@@ -165,6 +168,28 @@ def hub_init(
             f"devices enrol at grpcs://{hub.config.enroll_bind} and trust the CA "
             f"{home / 'pki' / 'ca.crt'}; make a token with `edgeskill hub claim create`"
         )
+
+
+def _record_init(hub: Any, *, mqtt: bool, root_keys: int, threshold: int) -> None:
+    """Record the hub's creation as its audit log's first entry, then close the hub.
+
+    Raises:
+        HubError: The entry cannot be written.
+    """
+    from cloud.service import FleetService  # noqa: PLC0415
+
+    settings = {
+        "store": hub.store.dialect,
+        "grpc_bind": hub.config.grpc_bind,
+        "mqtt": mqtt,  # not the URL: it may hold credentials
+        "insecure": hub.config.insecure,
+        "offline_root_keys": root_keys,
+        "root_threshold": threshold,
+    }
+    try:
+        audited(FleetService(hub), "hub.init", "hub", after=settings)
+    finally:
+        hub.close()
 
 
 @app.command("serve")
@@ -271,11 +296,15 @@ def hub_issue_cert(
     from cloud.errors import HubError  # noqa: PLC0415
     from cloud.pki import issue_device_credentials  # noqa: PLC0415
 
-    try:
-        creds = issue_device_credentials(home, device_id, out)
-    except HubError as exc:
-        print_error(str(exc))
-        raise typer.Exit(2) from exc
+    with _audit_log(home) as fleet:
+        try:
+            creds = issue_device_credentials(home, device_id, out)
+        except HubError as exc:
+            print_error(str(exc))
+            raise typer.Exit(2) from exc
+        if fleet is not None:
+            after = {"device_id": device_id, "cert": str(creds.client.cert)}
+            audited(fleet, "identity.issue_cert", f"device/{device_id}", after=after)
     console.print(f"issued {creds.client.cert} and {creds.client.key} (CN={device_id})")
     console.print(
         f"hub: edgeskill hub serve --tls-cert {creds.server.cert} --tls-key {creds.server.key} "
@@ -306,9 +335,12 @@ def claim_create(
     """
     labels = _labels(label)
     with _fleet(home) as fleet:
-        token = fleet.identity.create_claim(
-            labels, uses, _ttl_seconds(ttl), reenroll=reenroll, project=project
-        )
+        ttl_s = _ttl_seconds(ttl)
+        token = fleet.identity.create_claim(labels, uses, ttl_s, reenroll=reenroll, project=project)
+        claim = {"labels": labels, "uses": uses, "ttl_s": ttl_s, "reenroll": reenroll}
+        # Named by a prefix of its hash (as the hub keeps it), never by the token itself.
+        name = hashlib.sha256(token.encode()).hexdigest()[:12]
+        audited(fleet, "identity.claim", f"claim/{name}", after=claim, project=project)
     console.print(token, soft_wrap=True)
 
 
@@ -320,7 +352,25 @@ def hub_revoke(
     """Revoke a device's certificate; the hub and the broker refuse it from now on."""
     with _fleet(home) as fleet:
         crl = fleet.identity.revoke(device_id)
+        audited(
+            fleet,
+            "identity.revoke",
+            f"device/{device_id}",
+            before={"revoked": False},
+            after={"revoked": True, "crl": str(crl)},
+            project=_device_project(fleet, device_id),
+        )
     console.print(f"revoked {device_id}; CRL written to {crl}")
+
+
+def _device_project(fleet: Any, device_id: str) -> str | None:
+    """The project of a device the store knows (None for one it does not)."""
+    from cloud.errors import NotFoundError  # noqa: PLC0415
+
+    try:
+        return str(fleet.devices.get(device_id).project)
+    except NotFoundError:
+        return None
 
 
 def _event_line(event: Any) -> str:

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from edgeskill._common import print_error
+from edgeskill._common import _fleet, audited, print_error
 from edgeskill.cli_split import split
 
 if TYPE_CHECKING:
@@ -55,21 +55,8 @@ BACKENDS = ("onnxruntime", "openvino", "litert")
 @contextmanager
 def _factory(home: Path) -> Iterator[ModelFactory]:
     """Open the hub at ``home``; any hub error ends the command with exit code 2."""
-    from cloud.errors import HubError  # noqa: PLC0415
-    from cloud.service import FleetService  # noqa: PLC0415
-
-    try:
-        fleet = FleetService.open(home)
-    except HubError as exc:
-        print_error(f"{exc}. Run `edgeskill hub init --home {home}` first.")
-        raise typer.Exit(2) from exc
-    try:
+    with _fleet(home) as fleet:
         yield fleet.models
-    except HubError as exc:
-        print_error(str(exc))
-        raise typer.Exit(2) from exc
-    finally:
-        fleet.close()
 
 
 def _kb(size: int) -> str:
@@ -138,7 +125,8 @@ def train(
     job_backend = _job_backend(backend, ray_address)
     if threads is None:
         threads = 1 if job_backend.name == "ray" else (os.cpu_count() or 1)
-    with _factory(home) as factory:
+    with _fleet(home) as fleet:
+        factory = fleet.models
         if resume is not None:
             job = factory.tables.get_job(resume)
         else:
@@ -156,6 +144,15 @@ def train(
                 width=width, image_size=image_size, model_name=name,
             )  # fmt: skip
         job = _run_with_progress(factory, job, max(1, threads), job_backend)
+        ran = {
+            "model": job.model_name,
+            "arch": job.arch,
+            "dataset_id": job.dataset_id,
+            "epochs": job.epochs,
+            "status": job.status,
+            "resumed": resume is not None,
+        }
+        audited(fleet, "models.train", f"job/{job.id}", after=ran)
         if job.status != "succeeded":
             console.print(f"[red]job {job.id} {job.status}:[/] {job.error}")
             console.print(f"resume it with `edgeskill model train --resume {job.id}`")
@@ -243,12 +240,16 @@ def compress(
     except ConverterError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc
-    with _factory(home) as factory, console.status("compressing") as status:
+    with _fleet(home) as fleet, console.status("compressing") as status:
 
         def done(name: str, metrics: VariantMetrics) -> None:
             status.update(f"compressing: {name} done, accuracy {metrics.accuracy:.3f}")
 
-        built = factory.compress(model, names, options=options, on_variant=done)
+        built = fleet.models.compress(model, names, options=options, on_variant=done)
+        if built:
+            variants_made = [{"id": v.id, "name": v.name} for v in built]
+            target = f"model/{built[0].model_id}"
+            audited(fleet, "models.compress", target, after={"variants": variants_made})
     if not built:
         console.print("nothing new to build")
         return
@@ -272,11 +273,15 @@ def convert(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Convert a variant for a device target; the outputs must match the source within tolerance."""
-    with _factory(home) as factory:
+    with _fleet(home) as fleet:
+        factory = fleet.models
         with console.status(f"converting {model}/{variant} for {target}"):
             artifact = factory.convert(
                 model, target, variant=variant, samples=samples, engine=engine
             )
+        names = [f.name for f in artifact.files]
+        made = {"variant_id": artifact.variant_id, "target": artifact.target, "files": names}
+        audited(fleet, "models.convert", f"artifact/{artifact.id}", after=made)
         if out is not None:
             for f in artifact.files:
                 factory.export_blob(f.sha256, out / f.name)
@@ -300,8 +305,17 @@ def import_model(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Register a model trained elsewhere, after checking that it loads and runs."""
-    with _factory(home) as factory:
-        record = factory.import_model(path, name=name, dataset_id=dataset_id, image_size=image_size)
+    with _fleet(home) as fleet:
+        record = fleet.models.import_model(
+            path, name=name, dataset_id=dataset_id, image_size=image_size
+        )
+        made = {
+            "name": record.name,
+            "arch": record.arch,
+            "dataset_id": record.dataset_id,
+            "onnx_sha256": record.onnx_sha256,
+        }
+        audited(fleet, "models.import", f"model/{record.id}", after=made)
     console.print(f"model {record.id} [bold]{record.name}[/] ({record.arch}) registered")
 
 
@@ -312,8 +326,16 @@ def link(
     home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Link a pushed skill version to the model artefacts its bundle ships (by sha256)."""
-    with _factory(home) as factory:
-        linked = factory.link_skill_version(skill, version)
+    with _fleet(home) as fleet:
+        linked = fleet.models.link_skill_version(skill, version)
+        found = [v.project for v in fleet.skills.list(skill) if v.version == version]
+        audited(
+            fleet,
+            "models.link",
+            f"skill/{skill}/{version}",
+            after={"artifacts": [a.id for a in linked]},
+            project=found[0] if found else None,
+        )
     console.print(f"{skill} {version} ships {len(linked)} registered artefact(s)")
 
 

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, console
+from edgeskill._common import DEFAULT_HOME, HomeOpt, _fleet, audited, console
 
 __all__ = ["ProjectFilterOpt", "ProjectOpt", "project_app"]
 
@@ -49,7 +49,8 @@ def project_create(
       edgeskill hub claim create --project plant-3 --label kind=camera --home hub
     """
     with _fleet(home) as fleet:
-        fleet.projects.create(name)
+        made = fleet.projects.create(name)
+        audited(fleet, "projects.create", f"project/{made.name}", after=made, project=made.name)
     console.print(f"project {escape(name)} created")
 
 

@@ -2,7 +2,8 @@
 
 Root keys live offline; these commands take them as files for the length of
 one command, check the signatures before anything is written, and print
-what changed. Only the ``skills`` package is needed, not the hub's store.
+what changed. Only the ``skills`` package is needed; where the home holds a
+hub, each change is also recorded in its audit log (so its store must open).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgeskill._common import print_error
+from edgeskill._common import _audit_log, audited, print_error
 
 if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
@@ -130,10 +131,14 @@ def renew_root(home: HomeOpt = DEFAULT_HOME, root_key: RootKeyOpt = None) -> Non
     from skills.trust.ceremony import renew_root as renew  # noqa: PLC0415
 
     repo = _repo(home)
-    try:
-        version = renew(repo, _root_signers(repo, root_key))
-    except TrustError as exc:
-        raise _fail(str(exc)) from exc
+    with _audit_log(home) as fleet:
+        try:
+            version = renew(repo, _root_signers(repo, root_key))
+        except TrustError as exc:
+            raise _fail(str(exc)) from exc
+        if fleet is not None:
+            after = {"version": version, "expires": f"{repo.expires('root'):%Y-%m-%d}"}
+            audited(fleet, "trust.renew_root", "trust/root", after=after)
     console.print(f"published root v{version}, expires {repo.expires('root'):%Y-%m-%d}")
 
 
@@ -151,11 +156,15 @@ def rotate_root(
     from skills.trust.ceremony import load_signers, rotate_root_keys  # noqa: PLC0415
 
     repo = _repo(home)
-    try:
-        new = load_signers(new_root_key)
-        version = rotate_root_keys(repo, _root_signers(repo, root_key), new, threshold)
-    except TrustError as exc:
-        raise _fail(str(exc)) from exc
+    with _audit_log(home) as fleet:
+        try:
+            new = load_signers(new_root_key)
+            version = rotate_root_keys(repo, _root_signers(repo, root_key), new, threshold)
+        except TrustError as exc:
+            raise _fail(str(exc)) from exc
+        if fleet is not None:
+            after = {"version": version, "keys": len(new), "threshold": threshold}
+            audited(fleet, "trust.rotate_root", "trust/root", after=after)
     console.print(f"published root v{version}: {len(new)} root keys, threshold {threshold}")
 
 
@@ -170,10 +179,14 @@ def rotate_key(
     from skills.trust.ceremony import rotate_online_key  # noqa: PLC0415
 
     repo = _repo(home)
-    try:
-        version = rotate_online_key(repo, role, _root_signers(repo, root_key))
-    except TrustError as exc:
-        raise _fail(str(exc)) from exc
+    with _audit_log(home) as fleet:
+        try:
+            version = rotate_online_key(repo, role, _root_signers(repo, root_key))
+        except TrustError as exc:
+            raise _fail(str(exc)) from exc
+        if fleet is not None:
+            after = {"root_version": version}
+            audited(fleet, "trust.rotate_key", f"trust/{role}", after=after)
     console.print(f"published root v{version} with a new {role} key; {role} signed again")
 
 
@@ -183,9 +196,12 @@ def repair(home: HomeOpt = DEFAULT_HOME) -> None:
     from skills.errors import TrustError  # noqa: PLC0415
 
     repo = _repo(home)
-    try:
-        done = repo.repair()
-    except TrustError as exc:
-        raise _fail(str(exc)) from exc
+    with _audit_log(home) as fleet:
+        try:
+            done = repo.repair()
+        except TrustError as exc:
+            raise _fail(str(exc)) from exc
+        if fleet is not None and done:
+            audited(fleet, "trust.repair", "trust", after={"done": list(done)})
     for line in done or ["the repository is consistent; nothing to do"]:
         console.print(line)

@@ -113,15 +113,16 @@ def bulk_label(fleet: Fleet, search: Search, caller: Bulk, body: BulkLabelBody) 
             )
         if labels != dict(device.labels):
             plans.append((device, labels))
-    if not body.dry_run:
-        for device, labels in plans:
-            after = fleet.devices.label(device.device_id, labels, project=caller.project)
+    if not body.dry_run and plans:
+        before = {d.device_id: d for d, _ in plans}
+        wanted = {d.device_id: labels for d, labels in plans}
+        for after in fleet.devices.label_many(wanted, project=caller.project):  # all or none
             record(
                 fleet,
                 caller,
                 "devices.label",
-                f"device/{device.device_id}",
-                {"labels": device.labels, "bulk": True},
+                f"device/{after.device_id}",
+                {"labels": before[after.device_id].labels, "bulk": True},
                 {"labels": after.labels, "bulk": True},
                 project=after.project,
             )

@@ -169,6 +169,39 @@ class DeviceService:
         self._store.set_device_labels(device_id, check_labels(wanted), project=project)
         return self.get(device_id, project=project)
 
+    def label_many(
+        self, changes: Mapping[str, Mapping[str, str] | str], *, project: str | None = None
+    ) -> builtins.list[DeviceView]:
+        """Replace the labels of several devices at once: every one changes, or none does.
+
+        Their desired state follows in the same transaction. A fixed number of
+        queries however many devices change.
+
+        Args:
+            changes: Each device's new labels (all of them), as a mapping or as
+                text such as ``kind=camera,site=3``, by device id.
+            project: Only devices of this project (None: any).
+
+        Returns:
+            The changed devices, in the order of ``changes``.
+
+        Raises:
+            ValidationError: A malformed id or label, or too many devices.
+            NotFoundError: A device that does not exist (in ``project``).
+            StoreError: The store failed.
+        """
+        wanted = {
+            device_id: check_labels(parse_selector(labels) if isinstance(labels, str) else labels)
+            for device_id, labels in changes.items()
+        }
+        changed = self._store.set_labels_many(wanted, project=project)
+        if not changed:
+            return []
+        projects = {r.project for r in changed}
+        scope = projects.pop() if project is None and len(projects) == 1 else project
+        views = {v.device_id: v for v in self.list(project=scope)}
+        return [views[r.device_id] for r in changed if r.device_id in views]
+
 
 class IdentityService:
     """Device identities: claim tokens for enrolment, and revocation."""

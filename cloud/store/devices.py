@@ -19,7 +19,7 @@ from sqlalchemy import (
     update,
 )
 
-from cloud.errors import ConflictError, NotFoundError
+from cloud.errors import ConflictError, NotFoundError, ValidationError
 from cloud.presence import online_clause
 from cloud.selectors import check_labels, format_selector, parse_selector
 from cloud.store import checks as check
@@ -30,7 +30,10 @@ from cloud.store.projects import DEFAULT_PROJECT, require_project
 from cloud.store.records import DeviceRecord, GroupRecord
 from cloud.store.schema import device_groups, device_labels, devices
 
-__all__ = ["DeviceTables", "device_record", "group_record"]
+__all__ = ["MAX_LABEL_BATCH", "DeviceTables", "device_record", "group_record"]
+
+#: Most devices one :meth:`DeviceTables.set_labels_many` call relabels (a bulk action's cap).
+MAX_LABEL_BATCH = 1000
 
 
 def device_record(row: Row[Any], labels: dict[str, str]) -> DeviceRecord:
@@ -195,6 +198,54 @@ class DeviceTables(StoreBase):
             _write_labels(conn, device_id, labels)
             recompute(conn, devices.c.device_id == device_id)
         return device_record(row, dict(labels))
+
+    def set_labels_many(
+        self, changes: Mapping[str, Mapping[str, str]], *, project: str | None = None
+    ) -> list[DeviceRecord]:
+        """Replace the labels of several devices in one transaction: all change, or none.
+
+        The desired state of the changed devices is recomputed once, in the same
+        transaction, as :meth:`set_device_labels` does for one.
+
+        Args:
+            changes: Each device's new labels (all of them), by device id.
+            project: Only devices of this project (None: any).
+
+        Returns:
+            The changed devices, in the order of ``changes``.
+
+        Raises:
+            ValidationError: A malformed id or label, or more than
+                :data:`MAX_LABEL_BATCH` devices.
+            NotFoundError: A device that does not exist (in ``project``); nothing changed.
+            StoreError: The database failed; nothing changed.
+        """
+        if len(changes) > MAX_LABEL_BATCH:
+            raise ValidationError(
+                f"{len(changes)} devices in one label change; at most {MAX_LABEL_BATCH}"
+            )
+        wanted = {check.device_id(d): check_labels(labels) for d, labels in changes.items()}
+        if not wanted:
+            return []
+        which = devices.c.device_id.in_(list(wanted))
+        with self._tx(write=True, lock="shared") as conn:
+            rows = {
+                r.device_id: r
+                for r in conn.execute(select(devices).where(_in_project(which, project)))
+            }
+            missing = [d for d in wanted if d not in rows]
+            if missing:
+                raise NotFoundError(f"no device {missing[0]!r}")
+            conn.execute(delete(device_labels).where(device_labels.c.device_id.in_(list(wanted))))
+            new = [
+                {"device_id": d, "key": k, "value": v}
+                for d, labels in wanted.items()
+                for k, v in labels.items()
+            ]
+            if new:
+                conn.execute(device_labels.insert(), new)
+            recompute(conn, which)
+        return [device_record(rows[d], dict(labels)) for d, labels in wanted.items()]
 
     def touch_device(self, device_id: str, *, now_ms: int, online: bool | None = None) -> None:
         """Record that a device was heard from (its last message), optionally setting ``online``.

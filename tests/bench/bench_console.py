@@ -19,7 +19,8 @@ and times HTTP requests from this one:
 * ``list``: ``GET /devices`` with a label, a skill version and presence (first page of 50);
 * ``detail``: ``GET /devices/{id}`` of a random device;
 * ``rollout``: ``GET /deployments/{id}`` of the staged deployment (a group of 1,000 devices);
-* ``usage``: ``GET /usage`` for the whole month, per device, skill and version.
+* ``usage``: ``GET /usage`` for the whole month, per device, skill and version;
+* ``overview``: ``GET /fleet/overview`` (presence per group, versions in the field, alerts).
 
 Each is also timed through the service layer in this process, and as the raw
 SQL of the same query (the baseline); the table gives p50/p99 of each and the
@@ -253,7 +254,7 @@ LIST_QUERY = {
 }
 
 
-def _raw_sql(dialect: str) -> dict[str, str]:
+def _raw_sql(dialect: str) -> dict[str, str | tuple[str, ...]]:
     """The baseline: each request's query written out by hand."""
     if dialect == "sqlite":
         has_skill = (
@@ -271,7 +272,27 @@ def _raw_sql(dialect: str) -> dict[str, str]:
         " WHERE l.device_id = d.device_id AND l.key = 'site' AND l.value = 's07')"
         " AND d.online AND d.last_seen_ms >= :fresh AND " + has_skill
     )
+    if dialect == "sqlite":
+        versions = (
+            "SELECT json_extract(e.value, '$.name'), json_extract(e.value, '$.version'), count(*)"
+            " FROM reported_states r JOIN devices d ON d.device_id = r.device_id,"
+            " json_each(r.skills) e"
+            " WHERE d.project = 'default' GROUP BY 1, 2"
+        )
+    else:
+        versions = (
+            "SELECT e.value ->> 'name', e.value ->> 'version', count(*) FROM reported_states r"
+            " JOIN devices d ON d.device_id = r.device_id,"
+            " jsonb_array_elements(CAST(r.skills AS JSONB)) e"
+            " WHERE d.project = 'default' GROUP BY 1, 2"
+        )
+    per_group = (
+        "SELECT d.online AND d.last_seen_ms >= :fresh, d.online, count(*) FROM devices d"
+        " WHERE d.project = 'default' AND EXISTS (SELECT 1 FROM device_labels l"
+        " WHERE l.device_id = d.device_id AND l.key = :key AND l.value = :value) GROUP BY 1, 2"
+    )
     return {
+        "overview": (versions, per_group),
         "list": (
             f"SELECT (SELECT count(*) FROM devices d WHERE {where}) AS total, d.*, r.skills"
             " FROM devices d LEFT JOIN reported_states r ON r.device_id = d.device_id"
@@ -312,13 +333,19 @@ def _sql_targets(engine: Any, rng: random.Random, n: int) -> dict[str, Callable[
     }  # fmt: skip
 
     def run(name: str) -> Callable[[], object]:
-        sql = text(queries[name])
-        wanted = set(sql.compile().params)
+        query = queries[name]
+        statements = [text(q) for q in ((query,) if isinstance(query, str) else query)]
 
         def once() -> object:
             params = {**base, "device": _device(rng.randrange(n) // 10 * 10)}
+            groups = [{"key": "kind", "value": "camera"}, {"key": "tier", "value": "t3"}]
             with engine.connect() as conn:
-                return conn.execute(sql, {k: v for k, v in params.items() if k in wanted}).all()
+                for sql in statements:
+                    wanted = set(sql.compile().params)
+                    for extra in groups if "key" in wanted else [{}]:
+                        given = {**params, **extra}
+                        conn.execute(sql, {k: v for k, v in given.items() if k in wanted}).all()
+            return None
 
         return once
 
@@ -345,6 +372,7 @@ def _service_targets(
         "detail": lambda: fleet.devices.show(_device(rng.randrange(n) // 10 * 10)),
         "rollout": lambda: fleet.deployments.status(deployment),
         "usage": lambda: metering.usage("default", NOW_MS - 30 * DAY_MS, NOW_MS),
+        "overview": lambda: search.overview("default"),
     }
 
 
@@ -369,6 +397,7 @@ def _http_targets(
         "detail": lambda: get(f"/devices/{_device(rng.randrange(n) // 10 * 10)}"),
         "rollout": lambda: get(f"/deployments/{deployment}"),
         "usage": lambda: get("/usage", month),
+        "overview": lambda: get("/fleet/overview"),
     }
 
 
@@ -474,7 +503,7 @@ def run_db(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             client, targets = _http_targets(base, token, facts["deployment"], rng, args.devices)
             with client:
                 http = {k: _timed(f, args.samples, warmup=5) for k, f in targets.items()}
-    for name in ("list", "detail", "rollout", "usage"):
+    for name in ("list", "detail", "rollout", "usage", "overview"):
         rows.append({
             "db": db, "query": name, "devices": args.devices, "windows": facts["windows"],
             "fold_s": round(facts["fold_s"], 2), "samples": args.samples,

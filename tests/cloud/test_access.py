@@ -64,16 +64,16 @@ def test_malformed_or_unknown_tokens_are_refused_with_one_message(
 
 
 def test_a_wrong_secret_for_a_real_token_id_is_refused(tokens: TokenService) -> None:
-    view, secret = tokens.create("ci", "viewer", "acme")
+    _, secret = tokens.create("ci", "viewer", "acme")
     forged = secret[:-1] + ("A" if secret[-1] != "A" else "B")
     with pytest.raises(AuthError):
         tokens.authenticate(forged)
 
 
 def test_revoked_and_expired_tokens_stop_working(tokens: TokenService, clock: Clock) -> None:
-    kept, kept_secret = tokens.create("kept", "viewer", "acme")
+    _, kept_secret = tokens.create("kept", "viewer", "acme")
     gone, gone_secret = tokens.create("gone", "viewer", "acme")
-    brief, brief_secret = tokens.create("brief", "viewer", "acme", ttl_s=60)
+    _, brief_secret = tokens.create("brief", "viewer", "acme", ttl_s=60)
     tokens.revoke(gone.token_id, "acme")
     with pytest.raises(AuthError):
         tokens.authenticate(gone_secret)

@@ -204,7 +204,8 @@ def test_skill_new_copies_a_builtin_skill_out_of_the_package(
         ),
         (
             ["skill", "new", "other", "--from", "nope"],
-            "no built-in skill 'nope'; the built-in skills are: digits, imagenet",
+            "no built-in skill 'nope'; the built-in skills are: digits, face-detect, imagenet, "
+            "keyword-spot, ocr, text-embed, voice-activity",
         ),
         (["skill", "new", "missing/other"], "cannot create missing/other: missing is not a folder"),
     ],
