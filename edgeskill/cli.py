@@ -19,6 +19,7 @@ from edgeskill import cli_deploy as deploy_cli
 from edgeskill import cli_drift as drift_cli
 from edgeskill import cli_fleet as fleet_cli
 from edgeskill import cli_hub as hub_cli
+from edgeskill import cli_image as image_cli
 from edgeskill import cli_model as model_cli
 from edgeskill import cli_project as project_cli
 from edgeskill import cli_trust as trust_cli
@@ -52,6 +53,7 @@ app.add_typer(broker_cli.app, name="broker")
 app.add_typer(drift_cli.drift_app, name="drift")
 app.add_typer(console_cli.console_app, name="console")
 app.add_typer(project_cli.project_app, name="project")
+app.add_typer(image_cli.image_app, name="image")
 for sub, name in [
     (hub_app, "hub"),
     (agent_app, "agent"),

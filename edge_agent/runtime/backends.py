@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edge_agent.errors import RuntimeBackendError
-from edge_agent.profile import providers_for
+from edge_agent.profile import CPU_PROVIDER, TARGET_PROVIDERS, session_providers
 
 __all__ = [
     "Backend",
@@ -31,8 +31,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-_CPU_PROVIDER = "CPUExecutionProvider"
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -165,14 +163,26 @@ class Backend(ABC):
 
 
 class OnnxRuntimeBackend(Backend):
-    """ONNX Runtime, with the execution provider the target asks for."""
+    """ONNX Runtime, with the providers the target and the device profile ask for.
+
+    Args:
+        providers: The device profile's providers, best first (a Jetson's TensorRT and
+            CUDA, an Ascend's CANN); by default the CPU only. Providers the installed
+            ONNX Runtime lacks are skipped with a warning; the CPU is always the last resort.
+    """
 
     name = "onnxruntime"
     targets = frozenset({"onnx-cpu", "onnx-cuda", "onnx-tensorrt", "onnx-cann"})
     _module = "onnxruntime"
 
+    def __init__(self, providers: Sequence[str] = (CPU_PROVIDER,)) -> None:
+        super().__init__()
+        self.providers = tuple(providers)
+
     def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
-        providers = _usable_providers(providers_for(target), library.get_available_providers())
+        present = library.get_available_providers()
+        providers = session_providers(target, self.providers, present)
+        _note_missing(target, self.providers, present, providers[0])
         options = library.SessionOptions()
         options.log_severity_level = 3  # errors only: ORT's warnings would flood the skill log
         session = library.InferenceSession(str(path), sess_options=options, providers=providers)
@@ -196,17 +206,19 @@ class OnnxRuntimeBackend(Backend):
         )
 
 
-def _usable_providers(wanted: Sequence[str], present: Sequence[str]) -> list[str]:
-    """The wanted providers this build has, CPU last; a note when the first is missing."""
-    usable = [p for p in wanted if p in present and p != _CPU_PROVIDER]
-    if wanted and wanted[0] != _CPU_PROVIDER and wanted[0] not in present:
+def _note_missing(
+    target: str, profile_providers: Sequence[str], present: Sequence[str], using: str
+) -> None:
+    """Warn when the provider the target or the profile wants first is not in this build."""
+    own = [p for p in TARGET_PROVIDERS[target] if p != CPU_PROVIDER]
+    first = own[0] if own else next((p for p in profile_providers if p != CPU_PROVIDER), None)
+    if first is not None and first not in present:
         _log.warning(
             "execution provider %s is not in this ONNX Runtime build (has %s); using %s",
-            wanted[0],
+            first,
             ", ".join(present),
-            usable[0] if usable else _CPU_PROVIDER,
+            using,
         )
-    return [*usable, _CPU_PROVIDER]
 
 
 class OpenVinoBackend(Backend):
@@ -247,35 +259,116 @@ class OpenVinoBackend(Backend):
 
 
 class LiteRtBackend(Backend):
-    """LiteRT (the TFLite interpreter from ``ai-edge-litert``)."""
+    """LiteRT: the TFLite interpreter from ``ai-edge-litert``, else from ``tflite-runtime``.
+
+    Older ARM images (numpy 1.x, Python <= 3.11) only have ``tflite-runtime``; it has the
+    same ``Interpreter`` API, so the same code drives both. :attr:`library` says which one
+    was found.
+    """
 
     name = "litert"
     targets = frozenset({"tflite"})
     _module = "ai_edge_litert.interpreter"
+    _fallback_module: ClassVar[str] = "tflite_runtime.interpreter"
+
+    def available(self) -> bool:
+        """Whether ``ai-edge-litert`` or, failing that, ``tflite-runtime`` imports (tried once)."""
+        if self._imported is None and not self._import_failed:
+            for module in (self._module, self._fallback_module):
+                try:
+                    self._imported = importlib.import_module(module)
+                    break
+                except ImportError as exc:
+                    _log.info("backend %s: %s does not import: %s", self.name, module, exc)
+            self._import_failed = self._imported is None
+        return self._imported is not None
+
+    @property
+    def library(self) -> str:
+        """The interpreter module in use (``""`` before the first :meth:`available`)."""
+        return self._imported.__name__ if self._imported is not None else ""
 
     def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
         interpreter = library.Interpreter(model_path=str(path))
         interpreter.allocate_tensors()
-        inputs = {d["name"]: int(d["index"]) for d in interpreter.get_input_details()}
-        shapes = {d["name"]: tuple(d["shape"]) for d in interpreter.get_input_details()}
-        outputs = [(d["name"], d["index"]) for d in interpreter.get_output_details()]
+        in_details, out_details = _litert_io(interpreter)
+        inputs = {key: int(d["index"]) for key, d in in_details}
+        shapes = {key: tuple(d["shape"]) for key, d in in_details}
+        in_quant = {key: _Quant.of(d) for key, d in in_details}
+        outputs = [(key, int(d["index"]), _Quant.of(d)) for key, d in out_details]
         lock = threading.Lock()
 
         def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            quantized = {key: in_quant[key].quantize(array) for key, array in feeds.items()}
             with lock:  # the interpreter holds per-call state
-                _set_litert_inputs(interpreter, inputs, shapes, feeds)
+                _set_litert_inputs(interpreter, inputs, shapes, quantized)
                 interpreter.invoke()
-                return {key: np.array(interpreter.get_tensor(index)) for key, index in outputs}
+                return {
+                    key: quant.dequantize(interpreter.get_tensor(index))
+                    for key, index, quant in outputs
+                }
 
         return LoadedModel(
             name=name,
             target=target,
             backend=self.name,
-            provider="cpu",
+            provider=f"cpu ({self.library})",
             input_names=list(inputs),
-            output_names=[key for key, _ in outputs],
+            output_names=[key for key, _, _ in outputs],
             runner=run,
         )
+
+
+_Details = list[tuple[str, Mapping[str, Any]]]
+
+
+def _litert_io(interpreter: Any) -> tuple[_Details, _Details]:
+    """Inputs and outputs by their signature names when the model has one signature.
+
+    A signature names tensors as the exporter was told (``image``, ``logits``); the raw
+    tensor names carry prefixes (``serving_default_image:0``). Without exactly one
+    signature, the raw names are used.
+    """
+    signatures = interpreter.get_signature_list()
+    if len(signatures) == 1:
+        runner = interpreter.get_signature_runner(next(iter(signatures)))
+        ins, outs = runner.get_input_details(), runner.get_output_details()
+        if all("index" in d for d in (*ins.values(), *outs.values())):
+            return list(ins.items()), list(outs.items())
+    raw_in = [(d["name"], d) for d in interpreter.get_input_details()]
+    return raw_in, [(d["name"], d) for d in interpreter.get_output_details()]
+
+
+class _Quant:
+    """A TFLite tensor's integer quantisation (INT8 models take and give integers)."""
+
+    def __init__(self, dtype: np.dtype[Any], scale: float, zero_point: int) -> None:
+        self.dtype = dtype
+        self.scale = scale
+        self.zero_point = zero_point
+
+    @classmethod
+    def of(cls, detail: Mapping[str, Any]) -> _Quant:
+        scale, zero_point = detail.get("quantization", (0.0, 0))
+        return cls(np.dtype(detail["dtype"]), float(scale), int(zero_point))
+
+    @property
+    def integer(self) -> bool:
+        return self.scale != 0.0 and np.issubdtype(self.dtype, np.integer)
+
+    def quantize(self, array: np.ndarray) -> np.ndarray:
+        """Float feeds of an integer input, scaled and rounded; others unchanged."""
+        if not self.integer or np.issubdtype(array.dtype, np.integer):
+            return array
+        info = np.iinfo(self.dtype)
+        scaled = np.round(array / self.scale) + self.zero_point
+        return np.clip(scaled, info.min, info.max).astype(self.dtype)
+
+    def dequantize(self, array: np.ndarray) -> np.ndarray:
+        """An integer output back to float32; a float output copied."""
+        if not self.integer:
+            return np.array(array)
+        return ((array.astype(np.float32) - self.zero_point) * self.scale).astype(np.float32)
 
 
 def _set_litert_inputs(
@@ -297,6 +390,10 @@ def _set_litert_inputs(
         interpreter.set_tensor(indices[key], array)
 
 
-def default_backends() -> list[Backend]:
-    """Fresh instances of every backend this agent knows, in no order of preference."""
-    return [OnnxRuntimeBackend(), OpenVinoBackend(), LiteRtBackend()]
+def default_backends(providers: Sequence[str] = (CPU_PROVIDER,)) -> list[Backend]:
+    """Fresh instances of every backend this agent knows, in no order of preference.
+
+    Args:
+        providers: The device profile's ONNX Runtime providers, best first.
+    """
+    return [OnnxRuntimeBackend(providers), OpenVinoBackend(), LiteRtBackend()]

@@ -31,6 +31,9 @@ class Runtime:
         manifest: The version's manifest.
         profile_targets: The device's targets, best first.
         backends: The backends to choose from; all known ones by default.
+        precisions: The device's preferred precisions, best first.
+        providers: The device profile's ONNX Runtime providers, best first, for the
+            default backends (ignored when ``backends`` is given).
     """
 
     def __init__(
@@ -41,12 +44,15 @@ class Runtime:
         *,
         backends: Sequence[Backend] | None = None,
         precisions: Sequence[str] = (),
+        providers: Sequence[str] = (),
     ) -> None:
         self._skill_dir = skill_dir.resolve()
         self._manifest = manifest
         self._targets = tuple(profile_targets)
         self._precisions = tuple(precisions)
-        self._backends = list(backends) if backends is not None else default_backends()
+        if backends is None:
+            backends = default_backends(providers) if providers else default_backends()
+        self._backends = list(backends)
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
 

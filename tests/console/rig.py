@@ -223,13 +223,16 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         yield rig
 
 
-@pytest.fixture(scope="session")
+# Per test, not per session: Playwright's sync API runs an asyncio loop in this thread
+# while it is started, and every later test of the worker that calls asyncio.run()
+# would fail. A start and a chromium launch cost about a second.
+@pytest.fixture
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser(playwright: Playwright) -> Iterator[Browser]:
     chromium = shutil.which("chromium")
     if chromium is None:

@@ -111,6 +111,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             "timestamp-refresh": 1,
             "rollouts": 1,
             "drift": 1,
+            "metering": 1,
         }
         assert leader_gauges(follower.metrics_port) == {
             "leader": 0,
@@ -118,6 +119,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             "timestamp-refresh": 0,
             "rollouts": 0,
             "drift": 0,
+            "metering": 0,
         }
 
         killed_at = time.monotonic()
@@ -136,6 +138,7 @@ def test_one_of_two_pg_hubs_leads_and_the_other_takes_over_after_sigkill(
             "timestamp-refresh": 1,
             "rollouts": 1,
             "drift": 1,
+            "metering": 1,
         }
         fleet.stop_all()  # before the schema is dropped
 
