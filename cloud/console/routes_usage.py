@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cloud.console.routing import AuditReader, Fleet, Metering, Now, Reader, TimeMs, reply
 from cloud.errors import ValidationError
+from cloud.service.metering import MAX_USAGE_PAGE
 
 __all__ = ["router"]
 
@@ -20,14 +21,15 @@ _MONTH_MS = 30 * 86_400_000
 MAX_AUDIT_PAGE = 1000
 Format = Annotated[Literal["json", "csv"], Query()]
 Filter = Annotated[str | None, Query(min_length=1, max_length=255)]
+_CSV = "text/csv; charset=utf-8"
+
+
+def _attachment(name: str) -> dict[str, str]:
+    return {"Content-Disposition": f'attachment; filename="{name}.csv"'}
 
 
 def _csv(text: str, name: str) -> Response:
-    return Response(
-        text,
-        media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": f'attachment; filename="{name}.csv"'},
-    )
+    return Response(text, media_type=_CSV, headers=_attachment(name))
 
 
 def _span(since: int | None, until: int | None, now: int) -> tuple[int, int]:
@@ -45,15 +47,22 @@ def usage(
     since: TimeMs = None,
     until: TimeMs = None,
     format: Format = "json",
+    limit: Annotated[int, Query(ge=1, le=MAX_USAGE_PAGE)] = 500,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=1024)] = None,
     *,
     now: Now,
 ) -> JSONResponse | Response:
-    """Inferences per device, skill and version with windows ending in [since, until)."""
+    """Inferences per device, skill and version with windows ending in [since, until).
+
+    JSON: the period's totals and one page of rows (``next_cursor`` continues it);
+    CSV: every row, streamed.
+    """
     caller.require_whole_project("read the project's usage")
     start, end = _span(since, until, now)
     if format == "csv":
-        return _csv(metering.usage_csv(caller.project, start, end), "usage")
-    return reply(metering.usage(caller.project, start, end))
+        chunks = metering.usage_csv_chunks(caller.project, start, end)
+        return StreamingResponse(chunks, media_type=_CSV, headers=_attachment("usage"))
+    return reply(metering.usage_page(caller.project, start, end, limit=limit, cursor=cursor))
 
 
 @router.get("/audit", summary="The audit log", response_model=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,16 @@ __all__ = ["to_json"]
 _MAX_DEPTH = 32
 
 
+#: Values copied as they are (checked by exact type first: the common case).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+@functools.cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once per class (a status has thousands of rows)."""
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
 def to_json(value: object, _depth: int = 0) -> Any:  # noqa: PLR0911 - one return per kind
     """A JSON-able copy of ``value``: dataclass fields, enum values, lists for tuples and sets.
 
@@ -21,6 +32,8 @@ def to_json(value: object, _depth: int = 0) -> Any:  # noqa: PLR0911 - one retur
     """
     if _depth > _MAX_DEPTH:
         return None
+    if type(value) in _PLAIN:
+        return value
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, enum.Enum):
@@ -29,7 +42,7 @@ def to_json(value: object, _depth: int = 0) -> Any:  # noqa: PLR0911 - one retur
         return value if math.isfinite(value) else None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: to_json(getattr(value, f.name), _depth + 1) for f in dataclasses.fields(value)
+            name: to_json(getattr(value, name), _depth + 1) for name in _field_names(type(value))
         }
     if isinstance(value, Mapping):
         return {str(k): to_json(v, _depth + 1) for k, v in value.items()}

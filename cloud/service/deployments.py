@@ -15,15 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cloud.errors import NotFoundError, ValidationError
+from cloud.presence import presence
 from cloud.rollout import parse_strategy
 from cloud.rollout.plan import RolloutPlan, parse_plan, plan_from_dict
 from cloud.rollout.state import RolloutState
 from cloud.selectors import parse_selector
 from cloud.service.devices import DeviceService
-from cloud.service.status import deployment_status, rollout_view
-from cloud.service.views import DeploymentStatusView, DeploymentView, DeviceView, RolloutView
+from cloud.service.status import RolloutTarget, deployment_status, rollout_view
+from cloud.service.views import DeploymentStatusView, DeploymentView, RolloutView, SkillStateView
 from cloud.skill_config import ConfigInput, config_from
-from cloud.store import DeploymentRecord, Store
+from cloud.store import DeploymentRecord, SkillStatusRecord, Store
 
 __all__ = ["DeploymentService", "build_plan"]
 
@@ -35,6 +36,18 @@ def _view(rec: DeploymentRecord, priority: int = 0) -> DeploymentView:
         rec.id, rec.skill, rec.version, rec.group, rec.strategy, dict(rec.config), rec.state,
         rec.created_ms, priority, rec.project,
     )  # fmt: skip
+
+
+def _by_name(skills: Sequence[SkillStatusRecord]) -> dict[str, SkillStateView]:
+    """A report's skills by name (the first of a name, as :meth:`DeviceView.skill` finds it)."""
+    found: dict[str, SkillStateView] = {}
+    for s in skills:
+        if s.name not in found:
+            found[s.name] = SkillStateView(
+                s.name, s.version, s.state, s.error, s.variant, s.desired_version,
+                s.previous_version,
+            )  # fmt: skip
+    return found
 
 
 def _canary(value: str | int) -> str | int:
@@ -285,7 +298,7 @@ class DeploymentService:
             if deployment_id is None
             else [self.get(deployment_id, project=project)]
         )
-        targets: dict[str, builtins.list[DeviceView]] = {}
+        targets: dict[str, builtins.list[RolloutTarget]] = {}
         for dep in chosen:
             if dep.group not in targets:
                 targets[dep.group] = self._group_devices(dep.group, dep.project)
@@ -313,10 +326,18 @@ class DeploymentService:
             views[dep_id] = rollout_view(plan, RolloutState.from_json(rec.state), now)
         return views
 
-    def _group_devices(self, group: str, project: str) -> builtins.list[DeviceView]:
+    def _group_devices(self, group: str, project: str) -> builtins.list[RolloutTarget]:
         try:
             selector = self._store.get_group(group, project=project).selector
         except NotFoundError:
             return []  # groups are not deleted while deployments name them; be safe anyway
         chosen = parse_selector(selector) if selector else {}
-        return self._devices.list(chosen, project=project)
+        now = self._clock()
+        return [
+            RolloutTarget(
+                t.device_id,
+                presence(t.last_seen_ms, t.heartbeat_ms, t.connected, now) == "online",
+                _by_name(t.skills),
+            )
+            for t in self._store.deployment_targets(chosen, project=project)
+        ]

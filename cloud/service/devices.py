@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cloud.enrolment import Enroller
 from cloud.errors import NotFoundError, StoreError, ValidationError
-from cloud.presence import presence
+from cloud.presence import fleet_presence
 from cloud.selectors import check_labels, matches, parse_selector
 from cloud.service.views import (
     DeviceDetailView,
@@ -27,7 +27,7 @@ __all__ = ["DeviceService", "GroupService", "IdentityService"]
 
 def _device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
     device, report = state.device, state.reported
-    seen = presence(device.last_seen_ms, device.heartbeat_ms, device.online, now_ms)
+    seen = fleet_presence(device.last_seen_ms, device.heartbeat_ms, device.online, now_ms)
     skills = tuple(
         SkillStateView(
             s.name, s.version, s.state, s.error, s.variant, s.desired_version, s.previous_version

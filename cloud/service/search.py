@@ -4,7 +4,7 @@
 selector, labels, board, presence, reported skill and version, last seen,
 id substring) and pages through them by id with an opaque cursor: a page
 never repeats or skips a device that matched before and after it was read.
-Presence is three-valued (see :mod:`cloud.store.search`): ``online``,
+Presence is three-valued (see :func:`cloud.presence.fleet_presence`): ``online``,
 ``stale`` (went quiet without the hub seeing its connection end) and
 ``offline``.
 """
@@ -17,19 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cloud.errors import ValidationError
-from cloud.presence import presence
+from cloud.presence import PRESENCES, fleet_presence
 from cloud.selectors import check_labels, parse_selector
 from cloud.service.views import DeviceView, SkillStateView
 from cloud.store import Store
 from cloud.store import checks as check
 from cloud.store.records import DeviceStateRecord
 from cloud.store.search import (
-    PRESENCES,
     DeviceFilter,
     GroupPresenceRecord,
     SearchTables,
     VersionCountRecord,
-    fleet_presence,
 )
 from protos.envelope import now_ms
 
@@ -138,7 +136,7 @@ def _view(state: DeviceStateRecord, now: int) -> DeviceView:
     return DeviceView(
         device_id=device.device_id,
         labels=dict(device.labels),
-        online=presence(device.last_seen_ms, device.heartbeat_ms, device.online, now) == "online",
+        online=seen == "online",
         board=str(device.profile.get("board", "")),
         last_seen_ms=device.last_seen_ms,
         desired_generation=state.desired_generation,

@@ -22,8 +22,10 @@ the rollout (staged deployments only)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, replace
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
 
 from cloud.rollout.engine import gate_results, observations
 from cloud.rollout.gates import KpiTotals
@@ -33,7 +35,6 @@ from cloud.service.views import (
     DeploymentStatusView,
     DeploymentView,
     DeviceRolloutView,
-    DeviceView,
     RolloutView,
     SkillStateView,
 )
@@ -41,6 +42,8 @@ from cloud.service.views import (
 __all__ = [
     "DEPLOYMENT_STATUSES",
     "DEVICE_STATUSES",
+    "RolloutTarget",
+    "Target",
     "deployment_status",
     "device_status",
     "rollout_view",
@@ -56,6 +59,41 @@ PARTIALLY_FAILED = "partially failed"
 DEVICE_STATUSES = (PENDING, IN_PROGRESS, SUCCEEDED, FAILED, OFFLINE)
 DEPLOYMENT_STATUSES = (PENDING, IN_PROGRESS, SUCCEEDED, PARTIALLY_FAILED, FAILED)
 _FINAL_STORED = ("superseded", "aborted")
+
+
+class Target(Protocol):
+    """What a device's standing is computed from (a :class:`DeviceView` is one)."""
+
+    @property
+    def device_id(self) -> str:
+        """The device."""
+        ...
+
+    @property
+    def online(self) -> bool:
+        """Whether it is online now."""
+        ...
+
+    def skill(self, name: str) -> SkillStateView | None:
+        """The reported state of one skill, or None when the device did not report it."""
+        ...
+
+
+@dataclass(frozen=True)
+class RolloutTarget:
+    """A target device as deployment status needs it: presence and reported skills by name.
+
+    Lighter than a :class:`DeviceView` (no labels, profile or desired state), so
+    the status of a group of thousands of devices is cheap to compute.
+    """
+
+    device_id: str
+    online: bool
+    skills: Mapping[str, SkillStateView] = field(default_factory=dict)
+
+    def skill(self, name: str) -> SkillStateView | None:
+        """The reported state of one skill, or None when the device did not report it."""
+        return self.skills.get(name)
 
 
 def short_reason(error: str, width: int = 60) -> str:
@@ -83,7 +121,7 @@ def _failed_here(skill: SkillStateView, version: str) -> str | None:
     return None
 
 
-def device_status(deployment: DeploymentView, device: DeviceView) -> DeviceRolloutView:
+def device_status(deployment: DeploymentView, device: Target) -> DeviceRolloutView:
     """Where one device stands with ``deployment`` (see the module's table)."""
     skill = device.skill(deployment.skill)
     if skill is not None:
@@ -100,15 +138,15 @@ def device_status(deployment: DeploymentView, device: DeviceView) -> DeviceRollo
 def _overall(stored: str, devices: Sequence[DeviceRolloutView]) -> str:
     if stored in _FINAL_STORED:
         return stored
-    statuses = [d.status for d in devices]
-    failed = statuses.count(FAILED)
-    if statuses and statuses.count(SUCCEEDED) == len(statuses):
+    counts = Counter(d.status for d in devices)
+    failed = counts[FAILED]
+    if devices and counts[SUCCEEDED] == len(devices):
         return SUCCEEDED
-    if statuses and failed == len(statuses):
+    if devices and failed == len(devices):
         return FAILED
     if failed:
         return PARTIALLY_FAILED
-    if SUCCEEDED in statuses or IN_PROGRESS in statuses:
+    if counts[SUCCEEDED] or counts[IN_PROGRESS]:
         return IN_PROGRESS
     return PENDING
 
@@ -142,14 +180,15 @@ def rollout_view(plan: RolloutPlan, state: RolloutState, now_ms: int) -> Rollout
 
 def deployment_status(
     deployment: DeploymentView,
-    targets: Sequence[DeviceView],
+    targets: Sequence[Target],
     rollout: RolloutView | None = None,
 ) -> DeploymentStatusView:
     """A deployment's computed state and each target's standing, targets sorted by id.
 
     Args:
         deployment: The deployment as stored.
-        targets: The devices its group selects now, with their presence and report.
+        targets: The devices its group selects now, with their presence and report
+            (device views, or the lighter :class:`RolloutTarget`).
         rollout: Its rollout's view, for a staged deployment.
     """
     devices = tuple(

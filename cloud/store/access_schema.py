@@ -1,7 +1,7 @@
 """Tables of the console: projects, API tokens, the audit log and metered usage.
 
 Part of :data:`cloud.store.schema.metadata` (imported there); migration 0008
-creates them.
+creates them, 0009 the monthly and total rollups of usage.
 """
 
 from __future__ import annotations
@@ -10,7 +10,15 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, String, Tabl
 
 from cloud.store.schema import _BIG_ID, ID_LEN, NAME_LEN, metadata
 
-__all__ = ["api_tokens", "audit_log", "metering_cursor", "projects", "usage_daily"]
+__all__ = [
+    "api_tokens",
+    "audit_log",
+    "metering_cursor",
+    "projects",
+    "usage_daily",
+    "usage_daily_totals",
+    "usage_monthly",
+]
 
 # Tenants: devices, groups, skills, deployments and their data are seen only inside one.
 projects = Table(
@@ -66,9 +74,46 @@ usage_daily = Table(
     Column("version", String(NAME_LEN), primary_key=True),
     Column("inferences", BigInteger, nullable=False),
     Column("windows", BigInteger, nullable=False),
+    # Pages of a report walk the keys in order and stop after a page (covering: no row reads).
+    Index(
+        "ix_usage_daily_by_key",
+        "project",
+        "device_id",
+        "skill",
+        "version",
+        "day",
+        "inferences",
+        "windows",
+    ),
 )
 
-# One row (id 1): the id of the last telemetry row folded into usage_daily.
+# The same counts per UTC month (months since 1970-01), folded with usage_daily, so that a
+# report over whole months reads one row per device, skill and month. Keyed device first:
+# a report groups by device, skill and version, which is then the order rows are stored in.
+usage_monthly = Table(
+    "usage_monthly",
+    metadata,
+    Column("project", String(NAME_LEN), primary_key=True),
+    Column("device_id", String(ID_LEN), primary_key=True),
+    Column("skill", String(NAME_LEN), primary_key=True),
+    Column("version", String(NAME_LEN), primary_key=True),
+    Column("month", Integer, primary_key=True, autoincrement=False),
+    Column("inferences", BigInteger, nullable=False),
+    Column("windows", BigInteger, nullable=False),
+)
+
+# A project's whole usage per UTC day, folded with usage_daily: a report's totals read one
+# row a day however many devices there are.
+usage_daily_totals = Table(
+    "usage_daily_totals",
+    metadata,
+    Column("project", String(NAME_LEN), primary_key=True),
+    Column("day", Integer, primary_key=True, autoincrement=False),
+    Column("inferences", BigInteger, nullable=False),
+    Column("windows", BigInteger, nullable=False),
+)
+
+# One row (id 1): the id of the last telemetry row folded into the usage tables.
 metering_cursor = Table(
     "metering_cursor",
     metadata,

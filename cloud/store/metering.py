@@ -1,9 +1,13 @@
-"""Metered usage: telemetry windows folded into inference counts per UTC day.
+"""Metered usage: telemetry windows folded into inference counts per UTC day and month.
 
 A usage report over a month would read every telemetry window of the month;
 instead the leader folds new telemetry rows, in id order, into ``usage_daily``
-(one row per project, UTC day, device, skill and version), and reports read
-those. Each batch is one transaction that adds its rows' counts and moves
+(one row per project, UTC day, device, skill and version), the same per UTC
+month into ``usage_monthly``, and per project and day into
+``usage_daily_totals``; reports read those. A period is split into the whole
+months it covers (read from ``usage_monthly``) and the days at its edges (read
+from ``usage_daily``), which sums to exactly what the days alone would. Each
+batch is one transaction that adds its rows' counts to all three and moves
 ``metering_cursor`` past them, so a fold that fails half-way leaves nothing
 behind and the next one counts every window exactly once.
 
@@ -21,14 +25,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Table,
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    true,
+    tuple_,
+    union_all,
+    update,
+)
 
 from cloud.errors import StoreError
-from cloud.store.access_schema import metering_cursor, usage_daily
+from cloud.store.access_schema import (
+    metering_cursor,
+    usage_daily,
+    usage_daily_totals,
+    usage_monthly,
+)
 from cloud.store.base import StoreBase
 from cloud.store.schema import devices, telemetry
+from cloud.store.usage_period import Period, month_days, month_of, split_period
 
-__all__ = ["DAY_MS", "USAGE_KEYS", "MeteringTables", "UsageRecord", "day_of"]
+__all__ = [
+    "DAY_MS",
+    "USAGE_KEYS",
+    "MeteringTables",
+    "Period",
+    "UsageKey",
+    "UsageRecord",
+    "day_of",
+    "month_days",
+    "month_of",
+    "split_period",
+]
 
 #: The resolution of metered usage: one UTC day.
 DAY_MS: Final = 86_400_000
@@ -36,6 +71,10 @@ DAY_MS: Final = 86_400_000
 USAGE_KEYS: Final = ("device", "skill", "version")
 _CURSOR_ID: Final = 1
 _COLUMNS: Final = {"device": "device_id", "skill": "skill", "version": "version"}
+
+
+#: A row's place in a report: (project, device_id, skill, version).
+UsageKey = tuple[str, str, str, str]
 
 
 def day_of(at_ms: int) -> int:
@@ -84,6 +123,31 @@ def _fold_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
         }
         for k, v in sorted(sums.items())
     ]
+
+
+def _rollups(daily: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The monthly sums per key, and the totals per project and day, of the daily sums."""
+    months: dict[tuple[str, str, str, str, int], list[int]] = {}
+    totals: dict[tuple[str, int], list[int]] = {}
+    for row in daily:
+        month = month_of(row["day"])
+        key = (row["project"], row["device_id"], row["skill"], row["version"], month)
+        for acc in (
+            months.setdefault(key, [0, 0]),
+            totals.setdefault((row["project"], row["day"]), [0, 0]),
+        ):
+            acc[0] += row["inferences"]
+            acc[1] += row["windows"]
+    monthly = [
+        dict(zip(("project", "device_id", "skill", "version", "month"), k, strict=True))
+        | {"inferences": v[0], "windows": v[1]}
+        for k, v in sorted(months.items())
+    ]
+    per_day = [
+        {"project": k[0], "day": k[1], "inferences": v[0], "windows": v[1]}
+        for k, v in sorted(totals.items())
+    ]
+    return monthly, per_day
 
 
 class MeteringTables(StoreBase):
@@ -179,15 +243,21 @@ class MeteringTables(StoreBase):
         conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]))
 
     def _add_usage(self, conn: Connection, sums: list[dict[str, Any]]) -> None:
-        stmt = self._dialect.insert(usage_daily)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["project", "day", "device_id", "skill", "version"],
-            set_={
-                "inferences": usage_daily.c.inferences + stmt.excluded.inferences,
-                "windows": usage_daily.c.windows + stmt.excluded.windows,
-            },
-        )
-        conn.execute(stmt, sums)
+        monthly, totals = _rollups(sums)
+        for table, rows in (
+            (usage_daily, sums),
+            (usage_monthly, monthly),
+            (usage_daily_totals, totals),
+        ):
+            stmt = self._dialect.insert(table)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[c.name for c in table.primary_key.columns],
+                set_={
+                    "inferences": table.c.inferences + stmt.excluded.inferences,
+                    "windows": table.c.windows + stmt.excluded.windows,
+                },
+            )
+            conn.execute(stmt, rows)
 
     def usage_rows(
         self, project: str | None, first_day: int, last_day: int, by: Sequence[str]
@@ -203,16 +273,19 @@ class MeteringTables(StoreBase):
         Raises:
             StoreError: The database failed.
         """
-        u = usage_daily.c
-        keys = [u.project] + [u[_COLUMNS[k]] for k in USAGE_KEYS if k in by]
+        if not by:
+            return self._project_rows(project, first_day, last_day)
+        parts = [
+            select(*_key_columns(table), table.c.inferences, table.c.windows).where(where)
+            for table, where in _sources(split_period(first_day, last_day), project)
+        ]
+        both = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
+        keys = [both.c.project] + [both.c[_COLUMNS[k]] for k in USAGE_KEYS if k in by]
         query = (
-            select(*keys, func.sum(u.inferences), func.sum(u.windows))
-            .where(u.day >= first_day, u.day <= last_day)
+            select(*keys, func.sum(both.c.inferences), func.sum(both.c.windows))
             .group_by(*keys)
             .order_by(*keys)
         )
-        if project is not None:
-            query = query.where(u.project == project)
         with self._tx() as conn:
             rows = conn.execute(query).all()
         out = []
@@ -229,6 +302,117 @@ class MeteringTables(StoreBase):
                 )
             )
         return out
+
+    def _project_rows(
+        self, project: str | None, first_day: int, last_day: int
+    ) -> list[UsageRecord]:
+        t = usage_daily_totals.c
+        query = (
+            select(t.project, func.sum(t.inferences), func.sum(t.windows))
+            .where(t.day >= first_day, t.day <= last_day)
+            .group_by(t.project)
+            .order_by(t.project)
+        )
+        if project is not None:
+            query = query.where(t.project == project)
+        with self._tx() as conn:
+            rows = conn.execute(query).all()
+        return [UsageRecord(str(r[0]), "", "", "", int(r[1]), int(r[2])) for r in rows]
+
+    def usage_totals(self, project: str | None, first_day: int, last_day: int) -> tuple[int, int]:
+        """Inferences and windows of ``project`` (None: every one) over the days, both included.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        rows = self._project_rows(project, first_day, last_day)
+        return sum(r.inferences for r in rows), sum(r.windows for r in rows)
+
+    def usage_page(
+        self,
+        project: str | None,
+        first_day: int,
+        last_day: int,
+        *,
+        after: UsageKey | None,
+        limit: int,
+    ) -> list[UsageRecord]:
+        """The first ``limit`` rows per device, skill and version with keys above ``after``.
+
+        Rows come in key order (project, device, skill, version), as :meth:`usage_rows`
+        gives them; each source (whole months, edge days) is read in that order and
+        stops after ``limit`` keys, so a page costs about ``limit`` rows a month or day.
+
+        Raises:
+            StoreError: The database failed.
+        """
+        streams = []
+        with self._tx() as conn:
+            for table, where in _sources(split_period(first_day, last_day), project):
+                keys = _key_columns(table)
+                above = true() if after is None else _after(keys, after, whole=project is None)
+                query = (
+                    select(*keys, func.sum(table.c.inferences), func.sum(table.c.windows))
+                    .where(where, above)
+                    .group_by(*keys)
+                    .order_by(*keys)
+                    .limit(limit)
+                )
+                found = [
+                    ((str(r[0]), str(r[1]), str(r[2]), str(r[3])), int(r[4]), int(r[5]))
+                    for r in conn.execute(query)
+                ]
+                streams.append((found, len(found) >= limit))
+        return _merge(streams, limit)
+
+
+_Stream = tuple[list[tuple[UsageKey, int, int]], bool]
+
+
+def _merge(streams: Sequence[_Stream], limit: int) -> list[UsageRecord]:
+    """The first ``limit`` keys of sorted sources, summed; exact up to the shortest cut one.
+
+    A source cut at ``limit`` keys is complete only up to its last key, and has
+    ``limit`` keys up to it: so the keys up to the least such last key are exact
+    and there are at least ``limit`` of them.
+    """
+    cuts = [found[-1][0] for found, cut in streams if cut and found]
+    bound = min(cuts) if cuts else None
+    sums: dict[UsageKey, list[int]] = {}
+    for found, _cut in streams:
+        for key, inferences, windows in found:
+            if bound is None or key <= bound:
+                acc = sums.setdefault(key, [0, 0])
+                acc[0] += inferences
+                acc[1] += windows
+    return [UsageRecord(*key, v[0], v[1]) for key, v in sorted(sums.items())[:limit]]
+
+
+def _key_columns(table: Table) -> list[ColumnElement[Any]]:
+    return [table.c.project, table.c.device_id, table.c.skill, table.c.version]
+
+
+def _after(keys: list[ColumnElement[Any]], after: UsageKey, *, whole: bool) -> ColumnElement[bool]:
+    """Keys above ``after``; within one project, without the project (the index then seeks)."""
+    if whole:
+        return tuple_(*keys) > tuple_(*map(literal, after))
+    return tuple_(*keys[1:]) > tuple_(*map(literal, after[1:]))
+
+
+def _sources(period: Period, project: str | None) -> list[tuple[Table, ColumnElement[bool]]]:
+    """Where the period's counts are: its whole months, then its edge days."""
+    found: list[tuple[Table, ColumnElement[bool]]] = []
+    if period.months is not None:
+        m = usage_monthly.c.month
+        found.append((usage_monthly, and_(m >= period.months[0], m <= period.months[1])))
+    if period.days:
+        # ``day + 0``: not the primary key's (project, day) prefix, but the key order of
+        # ix_usage_daily_by_key, so that grouping by key reads rows in order and can stop.
+        day = usage_daily.c.day + 0
+        found.append((usage_daily, or_(*(and_(day >= lo, day <= hi) for lo, hi in period.days))))
+    if project is not None:
+        found = [(table, and_(table.c.project == project, where)) for table, where in found]
+    return found
 
 
 def _advance(conn: Connection, after: int, to: int) -> None:

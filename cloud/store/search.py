@@ -7,11 +7,8 @@ devices match. JSON columns (a device's profile, its reported skills) are
 read with the dialect's JSON functions; a ``LIKE`` on the canonical text
 the store writes discards most rows first.
 
-Presence has three values here: ``online`` by the rule of
-:func:`cloud.presence.presence`; ``stale`` when not online although the hub
-never saw the device's connection end (it went quiet without a goodbye: the
-hub was down, or the broker's last will was lost); ``offline`` once the hub
-saw the connection end, or the device never connected.
+Presence has three values here, by :func:`cloud.presence.fleet_presence`:
+``online``, ``stale`` (quiet without a goodbye) and ``offline``.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
@@ -39,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from cloud.errors import StoreError, ValidationError
-from cloud.presence import online_clause, presence
+from cloud.presence import PRESENCES, FleetPresence, fleet_presence, online_clause
 from cloud.selectors import parse_selector
 from cloud.store.base import StoreBase
 from cloud.store.desired import selector_clause
@@ -71,25 +68,9 @@ __all__ = [
     "presence_clause",
 ]
 
-FleetPresence = Literal["online", "stale", "offline"]
-PRESENCES: Final = ("online", "stale", "offline")
 
 #: Rollout phases an operator must look at (``paused`` is stored over a running phase).
 _ALERT_PHASES: Final = ("paused", "aborted", "rolled_back")
-
-
-def fleet_presence(
-    last_seen_ms: int, heartbeat_ms: int, connected: bool, now_ms: int
-) -> FleetPresence:
-    """A device's presence at ``now_ms``: :func:`cloud.presence.presence` with ``stale`` split off.
-
-    Returns:
-        ``"online"`` as :func:`~cloud.presence.presence` says; ``"stale"`` when not
-        online but still marked connected; ``"offline"`` otherwise.
-    """
-    if presence(last_seen_ms, heartbeat_ms, connected, now_ms) == "online":
-        return "online"
-    return "stale" if connected else "offline"
 
 
 def _online(now_ms: int) -> ColumnElement[bool]:
@@ -380,22 +361,35 @@ class SearchTables(StoreBase):
     def _field(
         self, conn: Connection, mine: ColumnElement[bool]
     ) -> tuple[tuple[VersionCountRecord, ...], tuple[FailedInstallRecord, ...]]:
+        """Versions in the field and failed installs, counted from the reports' JSON.
+
+        Devices of a fleet mostly report the very same text (same skills, versions
+        and states), so the reports are grouped by their text first and each
+        distinct text is parsed once, weighted by how many devices sent it: the
+        same counts as parsing every report, at a fraction of the cost on SQLite.
+        """
+        r = reported_states.c
+        distinct = (
+            select(
+                r.skills.label("skills"),
+                func.count().label("n"),
+                func.min(r.device_id).label("first_device"),
+            )
+            .select_from(reported_states.join(devices, devices.c.device_id == r.device_id))
+            .where(mine)
+            .group_by(r.skills)
+            .subquery("distinct_report")
+        )
         json_ = _Json(self.dialect)
-        each = json_.elements(reported_states.c.skills).alias("reported_skill")
+        each = json_.elements(distinct.c.skills).alias("reported_skill")
         name = json_.field(each.c.value, "name").label("skill")
         version = json_.field(each.c.value, "version").label("version")
-        failed = func.sum(case((json_.field(each.c.value, "state") == "failed", 1), else_=0))
-        first_failed = func.min(
-            case((json_.field(each.c.value, "state") == "failed", reported_states.c.device_id))
-        )
+        is_failed = json_.field(each.c.value, "state") == "failed"
+        failed = func.sum(case((is_failed, distinct.c.n), else_=0))
+        first_failed = func.min(case((is_failed, distinct.c.first_device)))
         query = (
-            select(name, version, func.count(), failed, first_failed)
-            .select_from(
-                reported_states.join(
-                    devices, devices.c.device_id == reported_states.c.device_id
-                ).join(each, true())
-            )
-            .where(mine)
+            select(name, version, func.sum(distinct.c.n), failed, first_failed)
+            .select_from(distinct.join(each, true()))
             .group_by(name, version)
             .order_by(name, version)
         )

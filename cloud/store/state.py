@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Row, select
@@ -24,7 +24,20 @@ from cloud.store.records import (
 )
 from cloud.store.schema import desired_states, device_labels, devices, reported_states
 
-__all__ = ["StateTables"]
+__all__ = ["StateTables", "TargetRecord"]
+
+
+@dataclass(frozen=True)
+class TargetRecord:
+    """What deployment status needs of a device: its presence facts and its last report."""
+
+    device_id: str
+    last_seen_ms: int
+    heartbeat_ms: int
+    #: False once the hub saw the device's connection end (see :mod:`cloud.presence`).
+    connected: bool
+    #: The skills of its last report (empty when it never reported).
+    skills: tuple[SkillStatusRecord, ...]
 
 
 class StateTables(StoreBase):
@@ -194,6 +207,43 @@ class StateTables(StoreBase):
                 device_record(row, labels.get(row.device_id, {})),
                 generations.get(row.device_id, 0),
                 reports.get(row.device_id),
+            )
+            for row in rows
+        ]
+
+    def deployment_targets(
+        self, selector: Mapping[str, str] | None = None, *, project: str | None = None
+    ) -> list[TargetRecord]:
+        """The devices ``selector`` selects (of ``project``), by id, with their last report.
+
+        One query for the whole group, reading only what deployment status needs
+        (no labels, profiles or desired state, unlike :meth:`device_states`).
+
+        Raises:
+            ValidationError: The selector is malformed.
+            StoreError: The database failed or holds corrupt data.
+        """
+        where = selector_clause(check_labels(selector or {}))
+        if project is not None:
+            where = where & (devices.c.project == project)
+        c = devices.c
+        query = (
+            select(c.device_id, c.last_seen_ms, c.heartbeat_ms, c.online, reported_states.c.skills)
+            .select_from(
+                devices.outerjoin(reported_states, reported_states.c.device_id == c.device_id)
+            )
+            .where(where)
+            .order_by(c.device_id)
+        )
+        with self._tx() as conn:
+            rows = conn.execute(query).all()
+        return [
+            TargetRecord(
+                row.device_id,
+                int(row.last_seen_ms),
+                int(row.heartbeat_ms),
+                bool(row.online),
+                _decode_statuses(row.device_id, row.skills) if row.skills else (),
             )
             for row in rows
         ]

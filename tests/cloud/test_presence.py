@@ -183,7 +183,9 @@ def test_the_device_view_derives_presence_from_the_readers_clock(store: Store) -
     assert service.get("cam-1").presence == "online"
     clock.now = NOW + 2001  # two heartbeats missed: the agent died, whoever noticed
     listed = service.list()
-    assert [(d.device_id, d.presence, d.online) for d in listed] == [("cam-1", "offline", False)]
+    # not online, and the hub never saw the connection end: stale, as the console's search says
+    assert [(d.device_id, d.presence, d.online) for d in listed] == [("cam-1", "stale", False)]
+    assert service.show("cam-1").device.presence == "stale"
 
     store.touch_device("cam-1", now_ms=NOW + 2500, online=True)  # a heartbeat comes
     assert service.get("cam-1").presence == "online"

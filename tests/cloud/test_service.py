@@ -123,7 +123,7 @@ def test_a_device_view_has_labels_presence_board_generation_and_report(
         reported_generation=1,
         reported=(SkillStateView("digits", "1.0.0", "running", "", "onnx-cpu/int8"),),
         profile={"board": "arm-cpu"},
-        presence="offline",
+        presence="stale",  # silent, but the hub never saw its connection end
         heartbeat_ms=0,
     )
     assert cam.skill("digits") == cam.reported[0]

@@ -11,6 +11,8 @@ from fastapi.routing import APIRoute
 
 from cloud.console import app as console_app
 from cloud.console.auth import action_of
+from cloud.store import TelemetryRecord
+from protos.envelope import now_ms
 from tests.console.calls import RANKS, STREAMING, Call, calls, token_for
 from tests.console.world import TestClient, World, snapshot
 
@@ -163,3 +165,31 @@ def test_every_change_is_in_the_audit_log(
     assert all(isinstance(e.before, dict) and isinstance(e.after, dict) for e in new)
     if call.role != "hub":
         assert {e.project for e in new} == {"alpha"}
+
+
+def test_usage_comes_a_page_at_a_time_and_the_csv_whole(world: World, client: TestClient) -> None:
+    now = now_ms()
+    for i in (2, 3):
+        window = TelemetryRecord("alpha-digits", "1.0.0", 5 * i, 0, 0, 1.0, 2.0,
+                                 window_start_ms=now - 2000, window_end_ms=now - 1000)  # fmt: skip
+        world.store.add_telemetry(f"alpha-extra-{i}", f"alpha-dev-{i}", window)
+    world.fleet.metering.fold()
+    auth, pages, cursor = world.auth("alpha-admin"), [], None
+    while True:
+        query = {"limit": "2"} | ({"cursor": cursor} if cursor else {})
+        page = client.get("/api/v1/usage", params=query, headers=auth).json()
+        assert page["total_inferences"] == 10 + 10 + 15
+        assert page["total_windows"] == 3
+        pages.append([r["device_id"] for r in page["rows"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == [["alpha-dev-1", "alpha-dev-2"], ["alpha-dev-3"]]
+    bad = client.get("/api/v1/usage", params={"cursor": "nope"}, headers=auth)
+    assert bad.status_code in (400, 422), bad.text
+    csv = client.get("/api/v1/usage", params={"format": "csv"}, headers=auth)
+    assert csv.headers["content-type"].startswith("text/csv")
+    assert "attachment" in csv.headers["content-disposition"]
+    assert [line.split(",")[1] for line in csv.text.splitlines()] == [
+        "device_id", "alpha-dev-1", "alpha-dev-2", "alpha-dev-3",
+    ]  # fmt: skip

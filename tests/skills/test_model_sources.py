@@ -75,3 +75,34 @@ def test_an_unknown_converter_fails(tmp_path: Path) -> None:
     text = GOOD.replace("sample = [1, 128, 128, 3]", 'convert = "magic"')
     with pytest.raises(BundleError, match="no converter 'magic'"):
         materialise(ModelSources.from_toml(text), tmp_path)
+
+
+REFERENCE = """
+[reference]
+package = "scikit-image"
+version = "0.26.0"
+files = ["skimage/data/astronaut.png", "skimage/data/page.png"]
+inputs = ["brightness"]
+"""
+
+
+def test_a_reference_table_names_pinned_files_to_run_the_skill_on() -> None:
+    reference = ModelSources.from_toml(GOOD + REFERENCE).reference
+    assert reference is not None and reference.inputs == ("brightness",)
+    assert [locate(s).name for s in reference.sources()] == ["astronaut.png", "page.png"]
+    assert ModelSources.from_toml(GOOD).reference is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('files = ["skimage', 'files = ["/skimage'), "files"),
+        (('inputs = ["brightness"]', 'inputs = ["Bright ness"]'), "inputs"),
+        (('inputs = ["brightness"]', 'inputs = ["a", "a"]'), "distinct"),
+        (('inputs = ["brightness"]', "inputs = [1]"), "strings"),
+        (('version = "0.26.0"\n', 'version = "0.26.0"\nextra = 1\n'), "extra"),
+    ],
+)
+def test_reference_mistakes_are_refused(change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        ModelSources.from_toml(GOOD + REFERENCE.replace(*change))

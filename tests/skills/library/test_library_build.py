@@ -6,8 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from cloud.models.library import LIBRARY, build_library_skill, library_skills
+from cloud.models.errors import FactoryError
+from cloud.models.library import (
+    LIBRARY,
+    build_library_skill,
+    build_skill_source,
+    library_skills,
+    reference_from_results,
+)
+from edgeskill.skill_runner import reference_runner
 from skills.bundle import install_bundle, verify_tree
+from skills.drift_spec import read_reference
+from skills.errors import BundleError
+from skills.model_check import check_bundle
+
+#: The skills whose sources.toml declares a drift reference (scikit-image's photos).
+WITH_REFERENCE = ("face-detect", "ocr")
 
 EXPECTED = ["face-detect", "keyword-spot", "ocr", "text-embed", "voice-activity"]
 
@@ -21,9 +35,45 @@ def test_the_library_declares_its_models_in_sources() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPECTED)
 def test_each_skill_builds_installs_and_verifies(tmp_path: Path, name: str) -> None:
-    bundle = build_library_skill(LIBRARY / name, tmp_path / "dist", version="1.0.1")
+    bundle = build_library_skill(
+        LIBRARY / name, tmp_path / "dist", version="1.0.1", runner=reference_runner
+    )
     assert bundle.name == f"{name}-1.0.1.skill"
     installed = install_bundle(bundle, tmp_path / "installed")
     assert installed.models and all(v.sha256 and v.size for v in installed.models)
     assert verify_tree(tmp_path / "installed").name == name
     assert (tmp_path / "installed" / "sources.toml").is_file()  # provenance ships along
+    check_bundle(bundle)  # as the hub checks it on publishing: on sources.toml's sample shapes
+    if name in WITH_REFERENCE:
+        assert installed.drift is not None and installed.drift.inputs == ("brightness",)
+        reference = read_reference(tmp_path / "installed", installed.drift)
+        # 16 photos: the astronaut's, the cameraman's (and, weakly, the cat's) face; the
+        # page and text photos' lines
+        assert sum(w for _, w in reference.classes) == 16
+    else:
+        assert installed.drift is None
+
+
+def test_a_declared_reference_needs_a_runner(tmp_path: Path) -> None:
+    with pytest.raises(FactoryError, match="needs a runner"):
+        build_library_skill(LIBRARY / "face-detect", tmp_path / "dist")
+    with pytest.raises(BundleError, match="needs a runner"):  # as `skill build` reports it
+        build_skill_source(LIBRARY / "face-detect", tmp_path / "dist")
+
+
+def test_the_reference_is_the_answers_class_mix_confidence_and_summaries() -> None:
+    answers = [
+        {"label": "face", "confidence": 0.9, "summaries": {"brightness": 0.4}},
+        {"label": "none", "confidence": 0.7, "summaries": {"brightness": 0.6}},
+        {"label": "none", "confidence": 0.8, "summaries": {"brightness": 0.5}},
+    ]
+    reference = reference_from_results(answers, ["brightness"])
+    assert reference.class_weights() == {"face": 1.0, "none": 2.0}
+    assert reference.input("brightness").points == (0.4, 0.5, 0.6)
+    with pytest.raises(FactoryError, match="summaries"):
+        reference_from_results([{"label": "x", "confidence": 1.0}], ["brightness"])
+
+
+def test_a_plain_folder_builds_as_skill_build_always_did(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"skill\.toml"):
+        build_skill_source(tmp_path, tmp_path / "dist")

@@ -4,6 +4,7 @@ import { api, download, items } from "../api.js";
 import { fmtNum, h, loader, notice, section, table } from "../ui.js";
 
 const DAY = 24 * 3600e3;
+const PAGE = 500;
 const PERIODS = [
   ["today", () => [startOfDay(0), Date.now() + 1]],
   ["last 24 hours", () => [Date.now() - DAY, Date.now() + 1]],
@@ -30,9 +31,23 @@ export function render(view) {
   const from = h("input", { type: "date", name: "from", id: "usage-from" });
   const to = h("input", { type: "date", name: "to", id: "usage-to" });
   const custom = h("span", { class: "custom", hidden: true }, h("label", {}, "from (UTC)", from), h("label", {}, "to (UTC, inclusive)", to));
+  // The report comes a page of rows at a time (the totals count the whole period):
+  // cursors[i] opens page i; a new period starts again at the first page.
+  const cursors = [null];
+  let page = 0;
+  function restart() {
+    cursors.length = 1;
+    page = 0;
+    report.refresh();
+  }
+  function go(step) {
+    page += step;
+    report.refresh();
+  }
+
   const form = h(
     "form",
-    { class: "filters", onsubmit: (e) => (e.preventDefault(), report.refresh()) },
+    { class: "filters", onsubmit: (e) => (e.preventDefault(), restart()) },
     h("label", {}, "period", period),
     custom,
     h("button", { type: "submit" }, "Show"),
@@ -40,7 +55,7 @@ export function render(view) {
   );
   period.addEventListener("change", () => {
     custom.hidden = PERIODS[period.value][1] !== null;
-    if (custom.hidden) report.refresh();
+    if (custom.hidden) restart();
   });
 
   function range() {
@@ -64,8 +79,21 @@ export function render(view) {
   const body = h("div", { dataset: { testid: "usage" } });
   const report = loader(body, () => {
     const [since, until] = range();
-    return api("/usage", { query: { since, until } });
-  }, drawUsage, "Loading usage…");
+    return api("/usage", { query: { since, until, limit: PAGE, cursor: cursors[page] } });
+  }, drawPage, "Loading usage…");
+
+  function drawPage(data) {
+    cursors[page + 1] = data?.next_cursor || null;
+    const shown = items(data, "rows").length;
+    const pager = h(
+      "div",
+      { class: "pager", hidden: page === 0 && !cursors[1] },
+      h("span", {}, `rows ${fmtNum(page * PAGE + (shown ? 1 : 0))}–${fmtNum(page * PAGE + shown)}`),
+      h("button", { type: "button", disabled: page === 0, onclick: () => go(-1) }, "‹ Previous"),
+      h("button", { type: "button", disabled: !cursors[page + 1], onclick: () => go(1) }, "Next ›"),
+    );
+    return [...drawUsage(data), pager];
+  }
   view.append(h("h1", {}, "Usage"), form, status, section("", body));
   return report;
 }
