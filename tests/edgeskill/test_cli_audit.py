@@ -38,7 +38,8 @@ runner = CliRunner()
 #: serve it (the hub's own loops make those changes), or run a throwaway hub.
 UNCHANGING = {
     "agent run", "broker config", "broker reload", "console serve", "console token list",
-    "agent try", "demo", "deploy status", "devices ls", "image build", "devices show", "devices telemetry",
+    "agent try", "demo", "deploy status", "devices ls", "image build", "devices show",
+    "devices telemetry",
     "drift incidents", "drift show", "groups ls", "hub events", "hub serve", "model jobs",
     "model ls", "model sample-stream", "model show", "model split", "project list",
     "project ls", "sim", "skill build", "skill ls", "skill new", "trust generate-root-keys",
