@@ -25,7 +25,8 @@ from protos.envelope import now_ms
 __all__ = ["DeviceService", "GroupService", "IdentityService"]
 
 
-def _device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
+def device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
+    """A device as every face shows it: labels, presence at ``now_ms``, board, report."""
     device, report = state.device, state.reported
     seen = fleet_presence(device.last_seen_ms, device.heartbeat_ms, device.online, now_ms)
     skills = tuple(
@@ -106,7 +107,7 @@ class DeviceService:
         wanted = parse_selector(selector) if isinstance(selector, str) else selector
         states = self._store.device_states(check_labels(wanted or {}), project=project)
         now = self._clock()
-        return [_device_view(s, now) for s in states]
+        return [device_view(s, now) for s in states]
 
     def get(self, device_id: str, *, project: str | None = None) -> DeviceView:
         """One device.
@@ -123,7 +124,7 @@ class DeviceService:
         found = self._store.device_states(device_id=device_id, project=project)
         if not found:
             raise NotFoundError(f"no device {device_id!r}")
-        return _device_view(found[0], self._clock())
+        return device_view(found[0], self._clock())
 
     def show(
         self, device_id: str, *, transitions: int = 5, project: str | None = None

@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cloud.errors import ValidationError
-from cloud.presence import PRESENCES, fleet_presence
+from cloud.presence import PRESENCES
 from cloud.selectors import check_labels, parse_selector
-from cloud.service.views import DeviceView, SkillStateView
+from cloud.service.devices import device_view
+from cloud.service.views import DeviceView
 from cloud.store import Store
 from cloud.store import checks as check
-from cloud.store.records import DeviceStateRecord
 from cloud.store.search import (
     DeviceFilter,
     GroupPresenceRecord,
@@ -124,31 +124,6 @@ def _labels(value: Mapping[str, str] | str | None) -> dict[str, str] | None:
     return check_labels(parse_selector(value) if isinstance(value, str) else value)
 
 
-def _view(state: DeviceStateRecord, now: int) -> DeviceView:
-    device, report = state.device, state.reported
-    seen = fleet_presence(device.last_seen_ms, device.heartbeat_ms, device.online, now)
-    skills = tuple(
-        SkillStateView(
-            s.name, s.version, s.state, s.error, s.variant, s.desired_version, s.previous_version
-        )
-        for s in (report.skills if report else ())
-    )
-    return DeviceView(
-        device_id=device.device_id,
-        labels=dict(device.labels),
-        online=seen == "online",
-        board=str(device.profile.get("board", "")),
-        last_seen_ms=device.last_seen_ms,
-        desired_generation=state.desired_generation,
-        reported_generation=report.generation if report else None,
-        reported=skills,
-        profile=dict(device.profile),
-        presence=seen,
-        heartbeat_ms=device.heartbeat_ms,
-        project=device.project,
-    )
-
-
 def _check_filter(f: DeviceFilter) -> None:
     if f.presence is not None and f.presence not in PRESENCES:
         raise ValidationError(
@@ -232,7 +207,7 @@ class DeviceSearch:
             wanted, now_ms=now, after=after, limit=limit + 1
         )
         more = len(states) > limit
-        page = tuple(_view(s, now) for s in states[:limit])
+        page = tuple(device_view(s, now) for s in states[:limit])
         next_cursor = encode_cursor(page[-1].device_id) if more and page else None
         return DevicePage(page, total, next_cursor)
 

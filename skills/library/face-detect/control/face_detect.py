@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from skills.imaging import resize
 from skills.sdk import Model, Skill, SkillContext
 
 __all__ = ["FaceDetectSkill", "anchors", "decode", "letterbox", "weighted_nms"]
@@ -63,24 +64,6 @@ def anchors() -> np.ndarray:
 _ANCHORS = anchors()
 
 
-def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Resize ``[H, W, C]`` to ``[height, width, C]`` float32 with a triangle filter."""
-
-    def weights(size_in: int, size_out: int) -> np.ndarray:
-        scale = size_in / size_out
-        stretch = max(scale, 1.0)
-        distance = (
-            np.arange(size_in)[None, :] + 0.5 - (np.arange(size_out)[:, None] + 0.5) * scale
-        ) / stretch
-        w = np.clip(1.0 - np.abs(distance), 0.0, None)
-        return w / w.sum(axis=1, keepdims=True)
-
-    rows = weights(image.shape[0], height).astype(np.float32)
-    cols = weights(image.shape[1], width).astype(np.float32)
-    out = (rows @ image.astype(np.float32).reshape(image.shape[0], -1)).reshape(height, -1, 3)
-    return np.ascontiguousarray((out.transpose(0, 2, 1) @ cols.T).transpose(0, 2, 1))
-
-
 def letterbox(image: np.ndarray) -> tuple[np.ndarray, float, float, float]:
     """The photo padded to a centred square and resized to the model's input.
 
@@ -103,7 +86,7 @@ def letterbox(image: np.ndarray) -> tuple[np.ndarray, float, float, float]:
     top, left = (side - height) // 2, (side - width) // 2
     square = np.zeros((side, side, 3), np.uint8)
     square[top : top + height, left : left + width] = photo
-    pixels = _resize(square, _SIZE, _SIZE) / 127.5 - 1.0
+    pixels = resize(square, _SIZE, _SIZE) / 127.5 - 1.0
     return pixels[None].astype(np.float32), float(side), float(left), float(top)
 
 

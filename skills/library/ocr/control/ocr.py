@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from skills.imaging import resize
 from skills.sdk import Model, Skill, SkillContext
 
 __all__ = ["OcrSkill", "ctc_decode", "db_boxes", "label_regions", "read_keys"]
@@ -62,24 +63,6 @@ def read_keys(path: Path) -> list[str]:
     if len(keys) < 2:
         raise ValueError(f"the OCR dictionary {path.name} is empty")
     return ["", *keys]
-
-
-def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Resize ``[H, W, C]`` to ``[height, width, C]`` float32 with a triangle filter."""
-
-    def weights(size_in: int, size_out: int) -> np.ndarray:
-        scale = size_in / size_out
-        stretch = max(scale, 1.0)
-        distance = (
-            np.arange(size_in)[None, :] + 0.5 - (np.arange(size_out)[:, None] + 0.5) * scale
-        ) / stretch
-        w = np.clip(1.0 - np.abs(distance), 0.0, None)
-        return w / w.sum(axis=1, keepdims=True)
-
-    rows = weights(image.shape[0], height).astype(np.float32)
-    cols = weights(image.shape[1], width).astype(np.float32)
-    out = (rows @ image.astype(np.float32).reshape(image.shape[0], -1)).reshape(height, -1, 3)
-    return np.ascontiguousarray((out.transpose(0, 2, 1) @ cols.T).transpose(0, 2, 1))
 
 
 def _normalised(pixels: np.ndarray) -> np.ndarray:
@@ -228,7 +211,7 @@ class OcrSkill(Skill):
         ratio = min(self._side / min(height, width), _MAX_SIDE / max(height, width))
         new_h = max(32, round(height * ratio / 32) * 32)
         new_w = max(32, round(width * ratio / 32) * 32)
-        feeds = {det.input_names[0]: _normalised(_resize(photo, new_h, new_w))}
+        feeds = {det.input_names[0]: _normalised(resize(photo, new_h, new_w))}
         prob = np.asarray(next(iter(det.run(feeds).values())))[0, 0]
         sx, sy = width / new_w, height / new_h
         boxes = [
@@ -241,7 +224,7 @@ class OcrSkill(Skill):
         x0, y0, x1, y1 = (round(v) for v in box)
         crop = photo[y0:y1, x0:x1]
         width = min(_MAX_REC_WIDTH, max(8, round(crop.shape[1] * _REC_HEIGHT / crop.shape[0])))
-        feeds = {rec.input_names[0]: _normalised(_resize(crop, _REC_HEIGHT, width))}
+        feeds = {rec.input_names[0]: _normalised(resize(crop, _REC_HEIGHT, width))}
         probs = np.asarray(next(iter(rec.run(feeds).values())))[0]
         return ctc_decode(probs, self._keys)
 
