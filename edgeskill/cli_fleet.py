@@ -112,11 +112,17 @@ def skill_build(
 ) -> None:
     """Build a deterministic .skill bundle from a source folder; every model must load and run.
 
+    A library skill's folder (one with sources.toml, e.g. skills/library/ocr) takes
+    its models from the installed packages and its drift reference from running
+    the skill on its reference inputs.
+
     Examples:
       edgeskill skill build my-digits --out dist
       edgeskill skill build my-digits --out dist --fix-hashes
+      edgeskill skill build skills/library/face-detect --out dist
     """
-    from skills.bundle import build_bundle  # noqa: PLC0415
+    from cloud.models.library import build_skill_source  # noqa: PLC0415
+    from edgeskill.skill_runner import reference_runner  # noqa: PLC0415
     from skills.errors import SkillError  # noqa: PLC0415
     from skills.manifest import Manifest, ModelVariant  # noqa: PLC0415
     from skills.model_check import check_models, parse_unchecked_targets  # noqa: PLC0415
@@ -128,7 +134,10 @@ def skill_build(
 
     try:
         allowed = parse_unchecked_targets(unchecked_target or [])
-        path = build_bundle(src, out, fix_hashes=fix_hashes, check=check)
+        with console.status(f"building {escape(src.name)}"):
+            path = build_skill_source(
+                src, out, fix_hashes=fix_hashes, check=check, runner=reference_runner
+            )
     except SkillError as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc

@@ -147,7 +147,8 @@ def test_a_bad_trusted_root(files: Path, root: str, expected: str) -> None:
         ("--hub-ca", "junk.pem", "CA certificate junk.pem is not a PEM certificate"),
         ("--claim-token-file", "a-folder", "claim token file a-folder is a folder"),
         ("--director-key", "ca.pem", "director key ca.pem is not a PEM public key"),
-        ("--source", "root.json", "source root.json is not an .npz file with an x array"),
+        ("--source", "root.json", "source root.json: input root.json: not an image, a folder of"),
+        ("--source", "x.npz", "source x.npz does not exist"),
     ],
 )
 def test_a_bad_file_argument(files: Path, option: str, value: str, expected: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from cloud.models.errors import FactoryError
 from cloud.models.library import (
@@ -14,6 +15,7 @@ from cloud.models.library import (
     library_skills,
     reference_from_results,
 )
+from edgeskill.cli import app
 from edgeskill.skill_runner import reference_runner
 from skills.bundle import install_bundle, verify_tree
 from skills.drift_spec import read_reference
@@ -77,3 +79,21 @@ def test_the_reference_is_the_answers_class_mix_confidence_and_summaries() -> No
 def test_a_plain_folder_builds_as_skill_build_always_did(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"skill\.toml"):
         build_skill_source(tmp_path, tmp_path / "dist")
+
+
+@pytest.mark.slow
+def test_skill_build_builds_a_library_folder_with_its_models_and_reference(
+    tmp_path: Path,
+) -> None:
+    """``edgeskill skill build skills/library/NAME``, as the README says."""
+    out = tmp_path / "dist"
+    args = ["skill", "build", str(LIBRARY / "face-detect"), "--out", str(out)]
+    built = CliRunner().invoke(app, args)
+    assert built.exit_code == 0, built.output
+    bundle = out / "face-detect-1.0.0.skill"
+    assert f"built {bundle}" in " ".join(built.output.split())
+    installed = install_bundle(bundle, tmp_path / "installed")
+    assert [v.path for v in installed.models] == ["models/detector.tflite"]
+    assert installed.drift is not None  # the reference came from running the skill
+    assert sum(w for _, w in read_reference(tmp_path / "installed", installed.drift).classes) == 16
+    assert not (LIBRARY / "face-detect" / "models").exists()  # the source folder is untouched
