@@ -224,16 +224,44 @@ def build_skill_source(
 
     A library source (models in ``sources.toml``) goes through
     :func:`build_library_skill` (``fix_hashes`` and ``check`` do not apply: it fills
-    in the hashes and runs each model on its own sample shape); any other folder
-    through :func:`skills.bundle.build_bundle`.
+    in the hashes and runs each model on its own sample shape); the library's
+    ``imagenet`` folder through :func:`cloud.models.imagenet_skill.build_imagenet_skill`
+    (export and cut); any other folder through :func:`skills.bundle.build_bundle`.
+    The library's ``digits`` folder is refused: its classifier is trained by the
+    model factory, so a bundle of the bare folder would ship no model.
 
     Raises:
         SkillError: The folder or the bundle is malformed, or a model check failed; a
             library build's :class:`FactoryError` is raised as a :class:`BundleError`.
     """
-    if not (src / SOURCES_NAME).is_file():
-        return build_bundle(src, out_dir, fix_hashes=fix_hashes, check=check)
+    in_library = src.resolve().parent == LIBRARY.resolve()
     try:
-        return build_library_skill(src, out_dir, runner=runner)
+        if (src / SOURCES_NAME).is_file():
+            return build_library_skill(src, out_dir, runner=runner)
+        if in_library and src.name == "imagenet":
+            from cloud.models.imagenet_skill import build_imagenet_skill  # noqa: PLC0415 - cycle
+
+            version = read_source_manifest(src).version
+            return build_imagenet_skill(out_dir, version=version, source=src).bundle
     except FactoryError as exc:
         raise BundleError(str(exc)) from exc
+    if in_library and not read_source_manifest(src).models:
+        raise BundleError(
+            f"the library's {src.name} skill ships no model: its model comes from the model "
+            f"factory. Copy it with 'edgeskill skill new my-{src.name} --from {src.name}', add "
+            "a variant made by 'edgeskill model convert', and build that folder"
+        )
+    return build_bundle(src, out_dir, fix_hashes=fix_hashes, check=check)
+
+
+def read_source_manifest(src: Path) -> Manifest:
+    """The manifest of the skill source folder ``src``.
+
+    Raises:
+        BundleError: There is no readable ``skill.toml``, or it is malformed.
+    """
+    try:
+        text = (src / "skill.toml").read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BundleError(f"cannot read {src}/skill.toml: {exc.strerror or exc}") from exc
+    return Manifest.from_toml(text)

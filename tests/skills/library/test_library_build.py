@@ -21,6 +21,7 @@ from skills.bundle import install_bundle, verify_tree
 from skills.drift_spec import read_reference
 from skills.errors import BundleError
 from skills.model_check import check_bundle
+from skills.split_plan import SplitPlan
 
 #: The skills whose sources.toml declares a drift reference (scikit-image's photos).
 WITH_REFERENCE = ("face-detect", "ocr")
@@ -97,3 +98,29 @@ def test_skill_build_builds_a_library_folder_with_its_models_and_reference(
     assert installed.drift is not None  # the reference came from running the skill
     assert sum(w for _, w in read_reference(tmp_path / "installed", installed.drift).classes) == 16
     assert not (LIBRARY / "face-detect" / "models").exists()  # the source folder is untouched
+
+
+@pytest.mark.slow
+def test_skill_build_exports_and_cuts_the_imagenet_folder(tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    args = ["skill", "build", str(LIBRARY / "imagenet"), "--out", str(out)]
+    built = CliRunner().invoke(app, args)
+    assert built.exit_code == 0, built.output
+    installed = install_bundle(out / "imagenet-1.0.0.skill", tmp_path / "installed")
+    plan = SplitPlan.load(tmp_path / "installed" / installed.splits[0].plan)
+    assert plan.model == "classifier" and len(plan.segments) >= 2  # cut, which the folder is not
+    for segment in plan.segments:
+        assert (tmp_path / "installed" / "models" / "classifier" / segment.file).is_file()
+    labels = (tmp_path / "installed" / "control" / "imagenet_labels.txt").read_text().splitlines()
+    assert len(labels) == 1000
+    assert not (LIBRARY / "imagenet" / "models").exists()
+
+
+def test_skill_build_refuses_the_digits_folder_which_has_no_model(tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    built = CliRunner().invoke(app, ["skill", "build", str(LIBRARY / "digits"), "--out", str(out)])
+    assert built.exit_code == 2, built.output
+    message = " ".join(built.output.split())
+    assert message.startswith("error: the library's digits skill ships no model")
+    assert "edgeskill skill new my-digits --from digits" in message
+    assert not out.exists()
