@@ -33,6 +33,7 @@ __all__ = [
     "build_bundle",
     "bundle_filename",
     "install_bundle",
+    "load_manifest",
     "read_manifest",
     "verify_tree",
 ]
@@ -78,7 +79,13 @@ def _decode_manifest(data: bytes) -> Manifest:
     return Manifest.from_toml(text)
 
 
-def _load_manifest(root: Path) -> Manifest:
+def load_manifest(root: Path) -> Manifest:
+    """The manifest of an unpacked bundle or a source folder, read with the size cap.
+
+    Raises:
+        BundleError: ``skill.toml`` is missing or not a regular file.
+        ManifestError: It is too large or malformed.
+    """
     path = _regular_file(root, MANIFEST_NAME)
     if path is None:
         raise BundleError(f"{MANIFEST_NAME} is missing or not a regular file in {root}")
@@ -201,7 +208,7 @@ def build_bundle(
             hold the declared input summaries.
         ArchiveError: If the folder holds links or special files, or writing fails.
     """
-    manifest = _load_manifest(src_dir)
+    manifest = load_manifest(src_dir)
     _check_layout(src_dir, manifest)
     if manifest.drift is not None:
         read_reference(src_dir, manifest.drift)
@@ -262,7 +269,7 @@ def verify_tree(root: Path) -> Manifest:
         BundleError: If a file is missing, a variant has no recorded hash, or a size or
             hash does not match.
     """
-    manifest = _load_manifest(root)
+    manifest = load_manifest(root)
     _check_layout(root, manifest)
     for variant in manifest.models:
         if not variant.sha256:

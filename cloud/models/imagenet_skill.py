@@ -69,7 +69,7 @@ def default_cache_dir() -> Path:
 def build_imagenet_skill(
     out_dir: Path,
     *,
-    version: str = "1.0.0",
+    version: str | None = None,
     cache_dir: Path | None = None,
     k: int = 4,
     source: Path = IMAGENET_SOURCE,
@@ -78,7 +78,7 @@ def build_imagenet_skill(
 
     Args:
         out_dir: Folder for the bundle.
-        version: The version the bundle gets.
+        version: The version the bundle gets; the source's own by default.
         cache_dir: Folder for the exported model; :func:`default_cache_dir` by default.
         k: The most middle cuts to ship.
         source: The skill's source folder (not modified).
@@ -118,6 +118,7 @@ def build_imagenet_skill(
             (work / _LABELS).write_text("\n".join(names) + "\n", encoding="utf-8")
             split = dataclasses.replace(declared, plan=spec.plan)
             others = tuple(s for s in manifest.splits if s.model != _MODEL)
+            version = version or manifest.version
             built = dataclasses.replace(manifest, version=version, splits=(split, *others))
             (work / "skill.toml").write_text(built.to_toml(), encoding="utf-8")
             plan = SplitPlan.load(work / spec.plan)

@@ -29,7 +29,7 @@ from typing import Any
 
 from cloud.models.errors import FactoryError
 from converters.errors import ConverterError
-from skills.bundle import build_bundle
+from skills.bundle import build_bundle, load_manifest
 from skills.drift_reference import DriftReference, build_reference
 from skills.drift_spec import DriftSpec, write_reference
 from skills.errors import BundleError, SkillError
@@ -239,13 +239,12 @@ def build_skill_source(
         if (src / SOURCES_NAME).is_file():
             return build_library_skill(src, out_dir, runner=runner)
         if in_library and src.name == "imagenet":
-            from cloud.models.imagenet_skill import build_imagenet_skill  # noqa: PLC0415 - cycle
+            from cloud.models.imagenet_skill import build_imagenet_skill  # noqa: PLC0415 - onnx
 
-            version = read_source_manifest(src).version
-            return build_imagenet_skill(out_dir, version=version, source=src).bundle
+            return build_imagenet_skill(out_dir, source=src).bundle
     except FactoryError as exc:
         raise BundleError(str(exc)) from exc
-    if in_library and not read_source_manifest(src).models:
+    if in_library and not load_manifest(src).models:
         raise BundleError(
             f"the library's {src.name} skill ships no model: its model comes from the model "
             f"factory. Copy it with 'edgeskill skill new my-{src.name} --from {src.name}', add "
@@ -253,15 +252,3 @@ def build_skill_source(
         )
     return build_bundle(src, out_dir, fix_hashes=fix_hashes, check=check)
 
-
-def read_source_manifest(src: Path) -> Manifest:
-    """The manifest of the skill source folder ``src``.
-
-    Raises:
-        BundleError: There is no readable ``skill.toml``, or it is malformed.
-    """
-    try:
-        text = (src / "skill.toml").read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BundleError(f"cannot read {src}/skill.toml: {exc.strerror or exc}") from exc
-    return Manifest.from_toml(text)
