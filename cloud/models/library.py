@@ -251,4 +251,3 @@ def build_skill_source(
             "a variant made by 'edgeskill model convert', and build that folder"
         )
     return build_bundle(src, out_dir, fix_hashes=fix_hashes, check=check)
-
