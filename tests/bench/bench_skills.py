@@ -47,7 +47,7 @@ from cloud.models.library import LIBRARY, library_skills, materialise_skill
 from edge_agent.adapters import load_input
 from edge_agent.runtime.facade import Runtime
 from edgeskill.skill_runner import running
-from skills.manifest import Manifest
+from skills.manifest import Manifest, ModelVariant
 from skills.sdk import InferResult
 from tests.skills.library.conftest import Harness, speak
 
@@ -81,12 +81,12 @@ def _inputs(work: Path) -> dict[str, dict[str, Any]]:
 def _with_openvino(root: Path) -> Manifest:
     """The materialised skill with an ``openvino`` variant beside each model file."""
     manifest = Manifest.from_toml((root / "skill.toml").read_text(encoding="utf-8"))
-    extra = []
-    for v in manifest.models:
-        if v.target == "openvino" or any(
-            m.model == v.model and m.target == "openvino" for m in manifest.models
-        ):
+    extra: list[ModelVariant] = []
+    covered = {m.model for m in manifest.models if m.target == "openvino"}
+    for v in sorted(manifest.models, key=lambda m: m.target != "onnx-cpu"):  # ONNX file first
+        if v.model in covered:
             continue
+        covered.add(v.model)
         copy = f"models/openvino-{Path(v.path).name}"  # the same file: OpenVINO reads it
         shutil.copyfile(root / v.path, root / copy)
         extra.append(dataclasses.replace(v, target="openvino", path=copy))

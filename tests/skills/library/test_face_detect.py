@@ -100,3 +100,28 @@ def test_bad_images_fail_the_item(face: Harness, item: dict[str, object], messag
 def test_bad_config_fails_setup(face: Harness) -> None:
     with pytest.raises(ValueError, match="min_score"):
         face.skill({"min_score": "2"})
+
+
+@pytest.mark.parametrize("photo", ["astronaut", "camera", "chelsea", "coffee"])
+def test_the_onnx_variant_finds_the_same_faces_as_the_tflite_one(face: Harness, photo: str) -> None:
+    """The build's ONNX variant (converted from the .tflite) is the same detector."""
+    image = getattr(skimage.data, photo)()
+    model = face.context(targets=("onnx-cpu",)).model("detector")
+    assert (model.target, model.backend) == ("onnx-cpu", "onnxruntime")
+    converted = face.skill(targets=("onnx-cpu",)).process({"image": image})
+    original = face.skill(targets=("tflite",)).process({"image": image})
+    assert converted["label"] == original["label"]
+    assert len(converted["faces"]) == len(original["faces"])
+    for got, want in zip(converted["faces"], original["faces"], strict=True):
+        np.testing.assert_allclose(got["box"], want["box"], atol=0.5)
+        np.testing.assert_allclose(got["keypoints"], want["keypoints"], atol=0.5)
+        assert got["score"] == pytest.approx(want["score"], abs=1e-3)
+
+
+def test_the_build_lists_both_variants_of_the_detector(face: Harness) -> None:
+    variants = {(m.model, m.target): m.path for m in face.manifest.models}
+    assert variants == {
+        ("detector", "tflite"): "models/detector.tflite",
+        ("detector", "onnx-cpu"): "models/detector.onnx",
+    }
+    assert all((face.root / path).is_file() for path in variants.values())

@@ -94,7 +94,8 @@ def test_skill_build_builds_a_library_folder_with_its_models_and_reference(
     bundle = out / "face-detect-1.0.0.skill"
     assert f"built {bundle}" in " ".join(built.output.split())
     installed = install_bundle(bundle, tmp_path / "installed")
-    assert [v.path for v in installed.models] == ["models/detector.tflite"]
+    paths = [v.path for v in installed.models]
+    assert paths == ["models/detector.tflite", "models/detector.onnx"]  # copied and converted
     assert installed.drift is not None  # the reference came from running the skill
     assert sum(w for _, w in read_reference(tmp_path / "installed", installed.drift).classes) == 16
     assert not (LIBRARY / "face-detect" / "models").exists()  # the source folder is untouched
