@@ -230,12 +230,16 @@ class OpenVinoBackend(Backend):
     device = "CPU"
 
     def _load(self, library: ModuleType, path: Path, target: str, name: str) -> LoadedModel:
-        compiled = library.Core().compile_model(
-            str(path), self.device, {"INFERENCE_PRECISION_HINT": "f32"}
-        )
+        core = library.Core()
+        model = core.read_model(str(path))
+        # The names the model file gives its ports: after compiling, a port may carry
+        # more names (an Identity folded into the node before it), and any one of them
+        # could come back from get_any_name().
+        input_names = [port.get_any_name() for port in model.inputs]
+        output_names = [port.get_any_name() for port in model.outputs]
+        compiled = core.compile_model(model, self.device, {"INFERENCE_PRECISION_HINT": "f32"})
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
-        output_names = [port.get_any_name() for port in outputs]
         lock = threading.Lock()
 
         def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -252,7 +256,7 @@ class OpenVinoBackend(Backend):
             target=target,
             backend=self.name,
             provider=self.device,
-            input_names=[port.get_any_name() for port in compiled.inputs],
+            input_names=input_names,
             output_names=output_names,
             runner=run,
         )

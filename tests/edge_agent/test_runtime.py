@@ -212,6 +212,32 @@ def test_openvino_agrees_with_onnxruntime(tmp_path: Path) -> None:
     assert not np.shares_memory(ov_logits, again)
 
 
+def test_openvino_keeps_the_model_files_output_names(tmp_path: Path) -> None:
+    """An output made by an Identity (as converted models end) keeps its own name.
+
+    OpenVINO folds the Identity into the node before it, and the compiled port then
+    carries both names; the backend must still report, and key results by, the file's.
+    """
+    pytest.importorskip("openvino")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "one"], ["add_7"]),
+            helper.make_node("Identity", ["add_7"], ["scores"]),
+        ],
+        "identity-out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(np.ones((1, 3), np.float32), "one")],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = OpenVinoBackend().load(path, "openvino")
+    assert (model.input_names, model.output_names) == (("x",), ("scores",))
+    out = model.run({"x": np.zeros((1, 3), np.float32)})
+    assert list(out) == ["scores"]
+    np.testing.assert_allclose(out["scores"], np.ones((1, 3)))
+
+
 def test_litert_rejects_a_file_that_is_not_tflite(tmp_path: Path) -> None:
     pytest.importorskip("ai_edge_litert.interpreter")
     path = tmp_path / "model.tflite"

@@ -35,14 +35,28 @@ def face_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_bundle_runs_on_a_folder_of_photos(face_bundle: Path, tmp_path: Path) -> None:
     for name in ("astronaut.png", "coffee.png"):
         shutil.copyfile(DATA / name, tmp_path / name)
-    result = runner.invoke(
-        app, ["agent", "try", str(face_bundle), str(tmp_path)], env={"COLUMNS": "200"}
-    )
+    args = ["agent", "try", str(face_bundle), str(tmp_path), "--board", "arm64-cpu"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "face-detect 1.0.0" in result.output and "tflite/fp32" in result.output
+    assert "face-detect 1.0.0" in result.output and "detector: tflite/fp32" in result.output
     rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if "│" in line}
     assert '"label": "face"' in rows["astronaut.png"]
     assert '"label": "none"' in rows["coffee.png"]
+
+
+@pytest.mark.parametrize(
+    ("board", "variant"), [("x86-cpu", "onnx-cpu/fp32"), ("arm64-cpu", "tflite/fp32")]
+)
+def test_each_board_runs_its_variant_and_finds_the_same_face(
+    face_bundle: Path, board: str, variant: str
+) -> None:
+    photo = str(DATA / "astronaut.png")
+    args = ["agent", "try", str(face_bundle), photo, "--board", board]
+    shown = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert f"detector: {variant}" in shown.output, shown.output
+    (line,) = runner.invoke(app, [*args, "--json"]).output.splitlines()
+    faces = json.loads(line)["faces"]
+    assert len(faces) == 1 and faces[0]["score"] > 0.85
 
 
 def test_json_lines_and_config(face_bundle: Path) -> None:

@@ -41,8 +41,9 @@ from tests.support import Fleet, agent_args, wait_for_port, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 DEVICE = "cam-1"
-#: An ARM board's targets (LiteRT and ONNX Runtime): face-detect and keyword-spot ship
-#: TFLite models only, which the x86 boards do not take.
+#: An ARM board's targets (LiteRT and ONNX Runtime): keyword-spot ships a TFLite model
+#: only (a streaming model of two subgraphs, which the TFLite -> ONNX converter refuses),
+#: which the x86 boards do not take.
 BOARD = "arm64-cpu"
 PHOTOS = ("astronaut.png", "page.png")
 SENTENCES = ("A man is playing a guitar.", "The stock market fell sharply today.")
