@@ -393,6 +393,8 @@ def _conv(b: _Builder, op: _Op, depthwise: bool) -> None:
     if w not in b.consts:
         raise ConversionError("a convolution whose weights are not constant")
     weights = b.float_const(w)
+    if weights.ndim != 4:
+        raise ConversionError(f"convolution weights of shape {list(weights.shape)}, not 4-D")
     channels = b.tensor(x).shape[3]
     if depthwise:  # padding, stride_w, stride_h, depth_multiplier, activation, dilation_w, _h
         stride, dil = (
@@ -608,7 +610,12 @@ def tflite_to_onnx(model: TfliteModel, name: str = "tflite") -> Any:
         for out in op.outputs:
             if b.tensor(out).type not in (0, 1) and op.code != _DEQUANTIZE:
                 raise ConversionError(f"'{b.tensor(out).name}' is not a float tensor")
-        _CONVERT[op.code](b, op)
+        try:
+            _CONVERT[op.code](b, op)
+        except (ValueError, IndexError, TypeError) as exc:  # numpy on shapes the file gave
+            raise ConversionError(
+                f"operator {SUPPORTED_OPS[op.code]} does not fit its tensors: {exc}"
+            ) from exc
     outputs = [_io(b, i) for i in model.outputs]
     for index in model.outputs:
         b.node("Identity", [b.nhwc(index)], out=b.tensor(index).name)
@@ -636,6 +643,30 @@ def _litert_outputs(source: Path, feed: dict[str, np.ndarray]) -> dict[str, np.n
     return {d["name"]: interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()}
 
 
+def _check_against(
+    blob: bytes, feed: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerance: float
+) -> None:
+    """Raise unless ONNX Runtime's outputs of ``blob`` match ``expected`` within ``tolerance``."""
+    import onnxruntime as ort  # noqa: PLC0415 - hub only
+
+    try:
+        session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        got = dict(zip(names, session.run(None, feed), strict=True))
+    except (RuntimeError, ValueError) as exc:  # ORT's Fail, InvalidGraph, ... are RuntimeErrors
+        raise ConversionError(f"ONNX Runtime cannot run the converted model: {exc}") from exc
+    for key, want in expected.items():
+        if key not in got or got[key].shape != want.shape:
+            raise ConversionError(f"the ONNX model's '{key}' is missing or of another shape")
+        scale = max(float(np.abs(want).max()), 1e-6)
+        error = float(np.abs(got[key] - want).max()) / scale
+        if not error < tolerance:
+            raise ConversionError(
+                f"the ONNX model's '{key}' differs from LiteRT's by {error:.2g} of its "
+                f"range (tolerance {tolerance})"
+            )
+
+
 def convert_tflite_onnx(source: Path, out: Path, *, tolerance: float = 1e-3) -> Path:
     """Convert a float ``.tflite`` model to ONNX at ``out``, checked against LiteRT.
 
@@ -660,22 +691,12 @@ def convert_tflite_onnx(source: Path, out: Path, *, tolerance: float = 1e-3) -> 
         model.tensors[i].name: rng.uniform(-1, 1, model.tensors[i].shape).astype(np.float32)
         for i in model.inputs
     }
-    expected = _litert_outputs(source, feed)
+    try:
+        expected = _litert_outputs(source, feed)
+    except (ValueError, RuntimeError, KeyError) as exc:  # LiteRT refused the file itself
+        raise ConversionError(f"LiteRT cannot run {source.name}: {exc}") from exc
     if expected is not None:
-        import onnxruntime as ort  # noqa: PLC0415 - hub only
-
-        session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
-        got = dict(
-            zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True)
-        )
-        for key, want in expected.items():
-            scale = max(float(np.abs(want).max()), 1e-6)
-            error = float(np.abs(got[key] - want).max()) / scale
-            if not error < tolerance:
-                raise ConversionError(
-                    f"the ONNX model's '{key}' differs from LiteRT's by {error:.2g} of its "
-                    f"range (tolerance {tolerance})"
-                )
+        _check_against(blob, feed, expected, tolerance)
     tmp = out.with_name(f".{out.name}.partial")
     try:
         tmp.write_bytes(blob)
