@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from converters._files import atomic_write_bytes
 from converters._loop import LossFn, accuracy, cross_entropy, train_epoch
 from converters.digits import DigitsData
 from converters.errors import TrainingError
-from converters.onnx_export import atomic_write_bytes
 
 __all__ = ["EpochMetrics", "TrainConfig", "fit", "load_checkpoint_metrics"]
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from converters._files import atomic_write_bytes
 from converters.digits import DigitsCNN
 from converters.errors import ConversionError
 from converters.mobilenet import MobileNet, MobileNetConfig
-from converters.onnx_export import atomic_write_bytes
 
 __all__ = [
     "ARCHITECTURES",

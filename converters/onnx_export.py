@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from converters._files import atomic_write_bytes
 from converters._loop import predict
 from converters.digits import Split
 from converters.errors import ConversionError
@@ -47,22 +46,6 @@ def _quiet_exporter() -> Iterator[None]:
             yield
     finally:
         logger.setLevel(level)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide artefacts from other service users
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def export_onnx(

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from converters._files import atomic_write_bytes
 from converters.errors import ConversionError
-from converters.onnx_export import atomic_write_bytes
 
 if TYPE_CHECKING:
     import onnx

