@@ -28,6 +28,14 @@ model and data file, and how the build turns it into a bundle file::
     files = ["skimage/data/astronaut.png"]
     inputs = ["brightness"]                     # the input summaries the reference keeps
 
+A reference may instead give its inputs itself, for skills whose inputs no
+package ships: ``texts = [...]`` (each line one text item, as the agent's text
+adapter feeds a ``.txt`` file) or ``speak = [...]`` (the lines spoken by
+espeak-ng at build time into one 16 kHz stream, a second of silence around
+each, fed as the agent's audio adapter feeds a ``.wav`` file). Exactly one of
+``files``, ``texts`` and ``speak``; ``package`` and ``version`` go with ``files``
+only.
+
 Nothing is downloaded: a package that is missing, at another version, or without
 the file fails the build with a message saying what to install. Parsing is pure
 (:meth:`ModelSources.from_toml`); :func:`locate` reads the installed package's
@@ -77,6 +85,9 @@ COPY = "copy"
 MAX_SOURCES = 16
 MAX_SOURCES_BYTES = 16 * 1024
 MAX_REFERENCE_FILES = 64
+#: Lines a reference may give in ``texts`` or ``speak``, and the length of each.
+MAX_REFERENCE_LINES = 512
+MAX_REFERENCE_LINE_CHARS = 1000
 
 #: A conversion step: the package's file in, the bundle file to write out.
 Converter = Callable[[Path, Path], None]
@@ -158,30 +169,55 @@ class ModelSource(FileSource):
 
 @dataclass(frozen=True)
 class ReferenceSource:
-    """Files of one pinned package the build runs the skill on, for its drift reference.
+    """What the build runs the skill on for its drift reference.
+
+    Either files of one pinned package (``package``, ``version``, ``files``), or
+    lines the reference gives itself: ``texts`` (text items) or ``speak`` (spoken
+    by espeak-ng at build time).
 
     Attributes:
-        package: The distribution's name.
-        version: Its exact version.
-        files: Paths inside the distribution, 1 to :data:`MAX_REFERENCE_FILES`.
+        package: The distribution's name (with ``files`` only).
+        version: Its exact version (with ``files`` only).
+        files: Paths inside the distribution, up to :data:`MAX_REFERENCE_FILES`.
         inputs: The input summaries (``summaries`` in the skill's results) it keeps.
+        texts: Text items, up to :data:`MAX_REFERENCE_LINES`.
+        speak: Lines to speak, up to :data:`MAX_REFERENCE_LINES`.
 
     Raises:
-        ManifestError: A field is invalid.
+        ManifestError: A field is invalid, or not exactly one kind of input is given.
     """
 
-    package: str
-    version: str
-    files: tuple[str, ...]
+    package: str = ""
+    version: str = ""
+    files: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
+    texts: tuple[str, ...] = ()
+    speak: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        check_pattern(self.package, "package", _PACKAGE_RE)
-        check_pattern(self.version, "version", _VERSION_RE)
-        if not isinstance(self.files, tuple) or not 0 < len(self.files) <= MAX_REFERENCE_FILES:
+        kinds = [k for k in ("files", "texts", "speak") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise fail("files", "give exactly one of files, texts and speak")
+        if self.files:
+            check_pattern(self.package, "package", _PACKAGE_RE)
+            check_pattern(self.version, "version", _VERSION_RE)
+        elif self.package or self.version:
+            raise fail("package", f"package and version go with files, not {kinds[0]}")
+        if not isinstance(self.files, tuple) or len(self.files) > MAX_REFERENCE_FILES:
             raise fail("files", f"must list 1 to {MAX_REFERENCE_FILES} files")
         for file in self.files:
             check_bundle_path(file, "files")
+        for key in ("texts", "speak"):
+            lines = getattr(self, key)
+            if not isinstance(lines, tuple) or len(lines) > MAX_REFERENCE_LINES:
+                raise fail(key, f"must list 1 to {MAX_REFERENCE_LINES} lines")
+            for line in lines:
+                if not line.strip() or "\n" in line or len(line) > MAX_REFERENCE_LINE_CHARS:
+                    raise fail(
+                        key,
+                        f"each must be one non-blank line of at most "
+                        f"{MAX_REFERENCE_LINE_CHARS} characters",
+                    )
         if not isinstance(self.inputs, tuple) or len(set(self.inputs)) != len(self.inputs):
             raise fail("inputs", "must be a list of distinct names")
         for name in self.inputs:
@@ -262,11 +298,11 @@ def _entry(raw: object, where: str, kind: type[FileSource]) -> FileSource:
 
 def _reference(raw: object) -> ReferenceSource:
     table = Table(raw, "reference")
-    fields: dict[str, Any] = {key: table.get(key, str) for key in ("package", "version")}
-    fields["files"] = tuple(table.get("files", list))
-    fields["inputs"] = tuple(table.get("inputs", list, []))
+    fields: dict[str, Any] = {key: table.get(key, str, "") for key in ("package", "version")}
+    for key in ("files", "inputs", "texts", "speak"):
+        fields[key] = tuple(table.get(key, list, []))
     table.done()
-    for key in ("files", "inputs"):
+    for key in ("files", "inputs", "texts", "speak"):
         if not all(isinstance(v, str) for v in fields[key]):
             raise ManifestError(f"reference.{key}: must be a list of strings")
     with located("reference"):

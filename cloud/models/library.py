@@ -9,11 +9,13 @@ lists the models as ``[[models]]`` variants, checks that every variant loads and
 runs, and writes the bundle. Nothing is downloaded and no model is committed.
 
 A skill whose ``sources.toml`` has a ``[reference]`` table gets its drift
-reference at build time: the build runs the skill's control code on those
-files (for face-detect and ocr, scikit-image's sample photos, pinned like the
-models) and keeps the class mix, confidence histogram and input summaries of
-its answers (:func:`skills.drift_reference.build_reference`). The hub does not
-run control code itself (it never imports the agent), so the caller gives a
+reference at build time: the build runs the skill's control code on its
+reference inputs (for face-detect and ocr, scikit-image's sample photos, pinned
+like the models; for the audio skills, lines espeak-ng says at build time,
+:mod:`cloud.models.speech`; for text-embed, the sentences the table lists) and
+keeps the class mix, confidence histogram and input summaries of its answers
+(:func:`skills.drift_reference.build_reference`). The hub does not run control
+code itself (it never imports the agent), so the caller gives a
 :data:`ReferenceRunner`; ``edgeskill`` passes
 :func:`edgeskill.skill_runner.reference_runner`, the agent's own skill runtime.
 """
@@ -154,6 +156,29 @@ def reference_from_results(
         raise FactoryError(f"the skill's answers cannot make a drift reference: {exc!r}") from exc
 
 
+def _reference_inputs(reference: ReferenceSource, tmp: Path) -> list[Path]:
+    """The files the skill runs on for its reference: a package's, or made in ``tmp``.
+
+    Raises:
+        FactoryError: A package file is missing, or the lines cannot be spoken or written.
+    """
+    try:
+        if reference.texts:
+            path = tmp / "reference.txt"
+            path.write_text("\n".join(reference.texts) + "\n", encoding="utf-8")
+            return [path]
+        if reference.speak:
+            from cloud.models.speech import write_speech  # noqa: PLC0415 - audio skills only
+
+            write_speech(reference.speak, tmp / "reference.wav")
+            return [tmp / "reference.wav"]
+        return [locate(f) for f in reference.sources()]
+    except SkillError as exc:
+        raise FactoryError(f"cannot find the reference inputs: {exc}") from exc
+    except OSError as exc:
+        raise FactoryError(f"cannot write the reference inputs: {exc}") from exc
+
+
 def _write_reference(
     work: Path, reference: ReferenceSource, runner: ReferenceRunner | None
 ) -> DriftSpec:
@@ -167,14 +192,12 @@ def _write_reference(
             "the skill declares a drift reference; building it needs a runner for its "
             "control code (edgeskill skill build gives the agent's)"
         )
-    try:
-        files = [locate(f) for f in reference.sources()]
-    except SkillError as exc:
-        raise FactoryError(f"cannot find the reference inputs: {exc}") from exc
-    try:
-        results = runner(work, files)
-    except Exception as exc:  # the runner is the agent's: its errors are not ours to name
-        raise FactoryError(f"the skill failed on its reference inputs: {exc}") from exc
+    with tempfile.TemporaryDirectory(prefix="edgeskill-reference-") as tmp:
+        files = _reference_inputs(reference, Path(tmp))
+        try:
+            results = runner(work, files)
+        except Exception as exc:  # the runner is the agent's: its errors are not ours to name
+            raise FactoryError(f"the skill failed on its reference inputs: {exc}") from exc
     try:
         return write_reference(work, reference_from_results(results, reference.inputs))
     except (OSError, SkillError) as exc:

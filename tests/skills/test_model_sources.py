@@ -106,3 +106,30 @@ def test_a_reference_table_names_pinned_files_to_run_the_skill_on() -> None:
 def test_reference_mistakes_are_refused(change: tuple[str, str], message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         ModelSources.from_toml(GOOD + REFERENCE.replace(*change))
+
+
+def test_a_reference_may_give_its_own_texts_or_lines_to_speak() -> None:
+    table = '[reference]\ntexts = ["a b", "c"]\ninputs = ["tokens"]\n'
+    texts = ModelSources.from_toml(GOOD + table)
+    assert texts.reference is not None and texts.reference.texts == ("a b", "c")
+    assert texts.reference.sources() == ()
+    spoken = ModelSources.from_toml(GOOD + '[reference]\nspeak = ["okay nabu"]\n')
+    assert spoken.reference is not None and spoken.reference.speak == ("okay nabu",)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('texts = ["a"]\nspeak = ["b"]', "exactly one of files, texts and speak"),
+        ("inputs = []", "exactly one of files, texts and speak"),
+        ('texts = ["a"]\npackage = "scikit-image"', "package and version go with files"),
+        ('speak = ["  "]', "non-blank line"),
+        ('texts = ["a\\nb"]', "one non-blank line"),
+        (f'texts = ["{"x" * 1001}"]', "at most 1000 characters"),
+        (f"texts = {['x'] * 513}", "1 to 512 lines"),
+        ("texts = [1]", "strings"),
+    ],
+)
+def test_own_reference_inputs_are_checked(table: str, message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        ModelSources.from_toml(GOOD + f"[reference]\n{table}\n")

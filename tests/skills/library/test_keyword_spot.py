@@ -82,3 +82,18 @@ def test_float_audio_is_accepted_and_bad_audio_fails(kws: Harness) -> None:
 def test_bad_settings_fail_setup(kws: Harness) -> None:
     with pytest.raises(ValueError, match="cutoff"):
         kws.skill({"cutoff": "1.5"})
+
+
+def test_drift_fields_say_whether_a_chunk_woke_it_and_how_loud_it_was(
+    kws: Harness, tmp_path: Path
+) -> None:
+    pcm = speak("okay nabu", tmp_path / "w.wav", lead_s=LEAD_S, tail_s=1.0)
+    skill = kws.skill()
+    woke = skill.process({"audio": pcm})
+    assert woke["label"] == "wake"
+    assert woke["confidence"] == woke["detections"][0]["probability"] > 0.85
+    quiet = skill.process({"audio": np.zeros(16000, np.int16)})
+    assert quiet["label"] == "none" and quiet["confidence"] == 1.0 - quiet["probability"]
+    assert quiet["summaries"] == {"level_db": -100.0}  # digital silence is the floor
+    rms = np.sqrt(np.mean((pcm / 32768.0) ** 2))
+    assert woke["summaries"]["level_db"] == pytest.approx(20 * np.log10(rms), abs=1e-3)

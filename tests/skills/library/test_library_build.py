@@ -23,8 +23,19 @@ from skills.errors import BundleError
 from skills.model_check import check_bundle
 from skills.split_plan import SplitPlan
 
-#: The skills whose sources.toml declares a drift reference (scikit-image's photos).
-WITH_REFERENCE = ("face-detect", "ocr")
+#: Every library skill's drift reference: its input summaries and the classes its
+#: reference inputs give (scikit-image's 16 photos; espeak-ng's lines in 0.5 s chunks;
+#: 48 sentences).
+REFERENCES = {
+    "face-detect": (("brightness",), {"face", "none"}),
+    "ocr": (("brightness",), {"text", "none"}),
+    "voice-activity": (("level_db",), {"speech", "silence"}),
+    "keyword-spot": (("level_db",), {"wake", "none"}),
+    "text-embed": (
+        ("tokens",),
+        {"weather", "health", "technology", "money", "sport", "food", "travel", "home"},
+    ),
+}
 
 EXPECTED = ["face-detect", "keyword-spot", "ocr", "text-embed", "voice-activity"]
 
@@ -47,14 +58,18 @@ def test_each_skill_builds_installs_and_verifies(tmp_path: Path, name: str) -> N
     assert verify_tree(tmp_path / "installed").name == name
     assert (tmp_path / "installed" / "sources.toml").is_file()  # provenance ships along
     check_bundle(bundle)  # as the hub checks it on publishing: on sources.toml's sample shapes
-    if name in WITH_REFERENCE:
-        assert installed.drift is not None and installed.drift.inputs == ("brightness",)
-        reference = read_reference(tmp_path / "installed", installed.drift)
+    inputs, classes = REFERENCES[name]
+    assert installed.drift is not None and installed.drift.inputs == inputs
+    reference = read_reference(tmp_path / "installed", installed.drift)
+    assert set(reference.class_weights()) == classes  # every class seen, no other
+    if name in ("face-detect", "ocr"):
         # 16 photos: the astronaut's, the cameraman's (and, weakly, the cat's) face; the
         # page and text photos' lines
         assert sum(w for _, w in reference.classes) == 16
-    else:
-        assert installed.drift is None
+    if name == "keyword-spot":  # the wake word is said in three of the ten lines
+        assert reference.class_weights()["wake"] == 3
+    if name == "text-embed":
+        assert sum(w for _, w in reference.classes) == 48  # one result a sentence
 
 
 def test_a_declared_reference_needs_a_runner(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ are closer than unrelated sentences.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,3 +77,41 @@ def test_long_text_is_truncated_to_max_tokens(embed: Harness) -> None:
 def test_bad_items_fail(embed: Harness, item: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         embed.skill().process(item)
+
+
+def test_drift_fields_are_the_nearest_topic_and_the_token_count(embed: Harness) -> None:
+    skill = embed.skill()
+    expected = {
+        "Heavy snow closed the mountain pass overnight.": "weather",
+        "The striker scored a hat-trick in the cup final.": "sport",
+        "The surgeon operated on her broken hip.": "health",
+        "Whisk the eggs with sugar and flour.": "food",
+    }
+    for text, topic in expected.items():
+        result = skill.process({"text": text})
+        assert result["label"] == topic
+        assert 0.5 < result["confidence"] <= 1.0
+        assert result["summaries"] == {"tokens": float(result["tokens"][0])}
+    batch = skill.process({"texts": list(expected)})
+    assert batch["label"] == "weather"  # a batch's topic is its first text's
+    assert batch["summaries"]["tokens"] == pytest.approx(np.mean(batch["tokens"]))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[topics]\nonly = ['one topic']\n", "2 to 32 topics"),
+        ("[topics]\na = ['x']\nb = []\n", "'b' needs 1 to 16 example sentences"),
+        ("[topics]\na = ['x']\nb = [3]\n", "'b' needs 1 to 16"),
+        ("topics = 'x'", "needs a \\[topics\\] table"),
+        ("[topics", "cannot read"),
+        ("x" * 70_000, "over 65536 bytes"),
+    ],
+)
+def test_a_malformed_topics_file_fails_setup(
+    embed: Harness, tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "topics.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        embed.module().read_topics(path)

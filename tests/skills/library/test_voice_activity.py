@@ -110,3 +110,20 @@ def test_bad_audio_fails_the_item(vad: Harness, item: dict[str, object], message
 def test_bad_config_fails_setup(vad: Harness) -> None:
     with pytest.raises(ValueError, match="threshold"):
         vad.skill({"threshold": "0.1"})
+
+
+def test_drift_fields_say_speech_or_silence_and_the_level(
+    vad: Harness, spoken: tuple[np.ndarray, float, float]
+) -> None:
+    pcm, onset, offset = spoken
+    skill = vad.skill()
+    lead = skill.process({"audio": pcm[: int(onset * 16000) - 1600], "reset": True})
+    assert lead["label"] == "silence" and lead["confidence"] > 0.5
+    assert lead["summaries"] == {"level_db": -100.0}  # espeak-ng's padding is exact zeros
+    middle = (onset + offset) / 2
+    said = skill.process({"audio": pcm[int(onset * 16000) - 1600 : int(middle * 16000)]})
+    assert said["label"] == "speech" and said["confidence"] >= 0.5
+    assert -40.0 < said["summaries"]["level_db"] < -3.0
+    tone = np.sin(np.arange(16000) * 2 * np.pi * 440 / 16000).astype(np.float32) * 0.5
+    level = skill.process({"audio": tone, "reset": True})["summaries"]["level_db"]
+    assert level == pytest.approx(20 * np.log10(0.5 / np.sqrt(2)), abs=0.01)  # a sine's RMS

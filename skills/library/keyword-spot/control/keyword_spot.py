@@ -14,7 +14,10 @@ utterance is one detection.
 Items carry ``audio``: 16 kHz mono samples, int16 (or float in [-1, 1]), of any
 length. Results carry ``detections`` (``{"t_s": seconds from the stream's start
 at the end of the detecting window, "probability": the mean}``), ``probability``
-(the largest mean in the chunk) and ``frames`` (feature frames made).
+(the largest mean in the chunk) and ``frames`` (feature frames made), plus the
+drift fields: ``label`` (``wake`` when the chunk had a detection, else ``none``),
+``confidence`` (the best detection's mean, or one minus the chunk's largest mean)
+and ``summaries.level_db`` (the chunk's RMS level in dBFS).
 Config: ``cutoff``, ``window`` (the model's ``okay_nabu.json`` gives both),
 ``refractory_ms`` (1000).
 """
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from skills.audio import level_dbfs
 from skills.sdk import Model, Skill, SkillContext
 
 __all__ = ["KeywordSpotSkill"]
@@ -132,7 +136,8 @@ class KeywordSpotSkill(Skill):
             raise RuntimeError("process() before setup()")
         if "audio" not in item:
             raise ValueError("item has no 'audio'")
-        frames = self._features(_pcm(item["audio"]))
+        pcm = _pcm(item["audio"])
+        frames = self._features(pcm)
         detections, peak = [], 0.0
         for frame, end in frames:
             self._frames.append(frame)
@@ -146,4 +151,13 @@ class KeywordSpotSkill(Skill):
                 detections.append({"t_s": end / RATE, "probability": mean})
                 self._quiet_until = end + self._refractory
                 self._probabilities.clear()
-        return {"detections": detections, "probability": peak, "frames": len(frames)}
+        best = max((d["probability"] for d in detections), default=None)
+        samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+        return {
+            "detections": detections,
+            "probability": peak,
+            "frames": len(frames),
+            "label": "none" if best is None else "wake",
+            "confidence": 1.0 - peak if best is None else best,
+            "summaries": {"level_db": level_dbfs(samples)},
+        }

@@ -11,23 +11,39 @@ Items carry ``text`` (one string) or ``texts`` (up to 64). Results carry
 ``embedding`` (384 floats) or ``embeddings`` (one per text), each of unit
 length, so the cosine similarity of two texts is the dot product of theirs,
 and ``tokens`` (per text, after truncation).
+
+Results also carry the drift fields: ``label`` is the topic of
+``control/topics.toml`` nearest to the text (each topic is the normalised mean
+embedding of its example sentences), ``confidence`` the softmax probability of
+that topic over all of them (cosine similarities times :data:`TOPIC_SCALE`),
+and ``summaries.tokens`` the text's token count. For an item with ``texts``
+they describe the first text's topic and the mean token count; feed texts
+one by one where drift matters.
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from skills.sdk import Model, Skill, SkillContext
 
-__all__ = ["TextEmbedSkill"]
+__all__ = ["TOPIC_SCALE", "TextEmbedSkill", "read_topics"]
 
 _MODEL = "encoder"
 _TOKENIZER = "tokenizer.json"
+_TOPICS = "topics.toml"
 MAX_TEXTS = 64
 MAX_CHARS = 100_000
+MAX_TOPICS = 32
+MAX_EXAMPLES = 16
+_MAX_TOPICS_BYTES = 64 * 1024
+#: Cosine similarities are multiplied by this before the softmax over topics.
+TOPIC_SCALE = 20.0
 
 
 def _texts(item: Mapping[str, Any]) -> tuple[list[str], bool]:
@@ -50,12 +66,39 @@ def _texts(item: Mapping[str, Any]) -> tuple[list[str], bool]:
     return texts, single
 
 
+def read_topics(path: Path) -> dict[str, list[str]]:
+    """The ``[topics]`` table of ``path``: topic name to its example sentences.
+
+    Raises:
+        ValueError: The file is missing, too large, not TOML, or the table is malformed.
+    """
+    try:
+        raw = path.read_bytes()
+        if len(raw) > _MAX_TOPICS_BYTES:
+            raise ValueError(f"{path.name} is over {_MAX_TOPICS_BYTES} bytes")
+        table = tomllib.loads(raw.decode("utf-8")).get("topics")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read {path.name}: {exc}") from exc
+    if not isinstance(table, dict) or not 2 <= len(table) <= MAX_TOPICS:
+        raise ValueError(f"{path.name} needs a [topics] table of 2 to {MAX_TOPICS} topics")
+    for name, examples in table.items():
+        if (
+            not isinstance(examples, list)
+            or not 1 <= len(examples) <= MAX_EXAMPLES
+            or not all(isinstance(e, str) and 0 < len(e) <= 1000 for e in examples)
+        ):
+            raise ValueError(f"topic {name!r} needs 1 to {MAX_EXAMPLES} example sentences")
+    return table
+
+
 class TextEmbedSkill(Skill):
     """Embeds the texts of each item."""
 
     def __init__(self) -> None:
         self._model: Model | None = None
         self._tokenizer: Any = None
+        self._topic_names: list[str] = []
+        self._topics = np.zeros((0, 384), np.float32)
 
     def setup(self, ctx: SkillContext) -> None:
         """Load the encoder and the tokenizer.
@@ -77,7 +120,31 @@ class TextEmbedSkill(Skill):
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # noqa: S106 - a token, no secret
         self._tokenizer = tokenizer
         self._model = ctx.model(_MODEL)
+        topics = read_topics(ctx.skill_dir / "control" / _TOPICS)
+        self._topic_names = list(topics)
+        vectors = [self._embed(examples)[0].mean(axis=0) for examples in topics.values()]
+        self._topics = np.stack([v / np.linalg.norm(v) for v in vectors]).astype(np.float32)
         ctx.logger.info("text-embed ready on %s (%s)", self._model.backend, self._model.target)
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        """Unit vectors of ``texts`` and their token counts."""
+        if self._model is None:
+            raise RuntimeError("process() before setup()")
+        encoded = self._tokenizer.encode_batch(texts)
+        feeds = {
+            "input_ids": np.array([e.ids for e in encoded], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encoded], np.int64),
+        }
+        vectors = np.asarray(self._model.run(feeds)["embedding"], np.float32)
+        return vectors, [int(sum(e.attention_mask)) for e in encoded]
+
+    def _topic(self, vector: np.ndarray) -> tuple[str, float]:
+        """The nearest topic of a unit vector and its softmax probability."""
+        logits = TOPIC_SCALE * (self._topics @ vector).astype(np.float64)
+        weights = np.exp(logits - logits.max())
+        best = int(np.argmax(weights))
+        return self._topic_names[best], float(weights[best] / weights.sum())
 
     def process(self, item: Mapping[str, Any]) -> Mapping[str, Any]:
         """Embed ``item["text"]`` or ``item["texts"]``.
@@ -89,14 +156,13 @@ class TextEmbedSkill(Skill):
         if self._model is None:
             raise RuntimeError("process() before setup()")
         texts, single = _texts(item)
-        encoded = self._tokenizer.encode_batch(texts)
-        feeds = {
-            "input_ids": np.array([e.ids for e in encoded], np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encoded], np.int64),
+        vectors, tokens = self._embed(texts)
+        topic, confidence = self._topic(vectors[0])
+        drift = {
+            "label": topic,
+            "confidence": confidence,
+            "summaries": {"tokens": float(np.mean(tokens))},
         }
-        vectors = np.asarray(self._model.run(feeds)["embedding"], np.float32)
-        tokens = [int(sum(e.attention_mask)) for e in encoded]
         if single:
-            return {"embedding": vectors[0], "tokens": tokens}
-        return {"embeddings": vectors, "tokens": tokens}
+            return {"embedding": vectors[0], "tokens": tokens, **drift}
+        return {"embeddings": vectors, "tokens": tokens, **drift}

@@ -15,7 +15,10 @@ length (an empty chunk is fine). ``"reset": true`` starts a new stream first and
 ``"flush": true`` ends an open segment at the end of the chunk. Results carry
 ``events`` (``{"kind": "start" | "end", "t_s": seconds from the stream start}``),
 ``speech`` (whether speech is open after the chunk), ``probability`` (of the
-chunk's last window) and ``windows`` (how many ran).
+chunk's last window) and ``windows`` (how many ran), plus the drift fields:
+``label`` (``speech`` when a window of the chunk reached ``threshold``, else
+``silence``), ``confidence`` (that peak probability, or one minus it for
+silence) and ``summaries.level_db`` (the chunk's RMS level in dBFS).
 
 Numpy, the standard library and the Skill SDK only.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from skills.audio import level_dbfs
 from skills.sdk import Model, Skill, SkillContext
 
 __all__ = ["VadStream", "VoiceActivitySkill"]
@@ -118,19 +122,24 @@ class VadStream:
                 return {"kind": "end", "t_s": end / RATE}
         return None
 
-    def feed(self, samples: np.ndarray) -> tuple[list[dict[str, Any]], int]:
-        """Run every whole window in ``samples`` (after what was left over); the events."""
+    def feed(self, samples: np.ndarray) -> tuple[list[dict[str, Any]], int, float]:
+        """Run every whole window in ``samples`` (after what was left over).
+
+        Returns:
+            The events, how many windows ran, and their highest speech probability.
+        """
         buffered = np.concatenate([self._pending, samples])
         whole = len(buffered) // WINDOW * WINDOW
-        events = []
+        events, peak = [], 0.0
         for start in range(0, whole, WINDOW):
             self.probability = self._window(buffered[start : start + WINDOW])
+            peak = max(peak, self.probability)
             self._sample += WINDOW
             event = self._track(self.probability)
             if event is not None:
                 events.append(event)
         self._pending = buffered[whole:]
-        return events, whole // WINDOW
+        return events, whole // WINDOW, peak
 
     def flush(self) -> dict[str, Any] | None:
         """Close an open segment at the end of what was fed."""
@@ -153,6 +162,7 @@ class VoiceActivitySkill(Skill):
 
     def __init__(self) -> None:
         self._stream: VadStream | None = None
+        self._threshold = 0.5
 
     def setup(self, ctx: SkillContext) -> None:
         """Load the model and read the configuration.
@@ -168,6 +178,7 @@ class VoiceActivitySkill(Skill):
         model = ctx.model(_MODEL)
         ms = RATE // 1000
         self._stream = VadStream(model, threshold, round(silence * ms), round(pad * ms))
+        self._threshold = threshold
         ctx.logger.info("voice-activity ready on %s (%s)", model.backend, model.target)
 
     def process(self, item: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -184,12 +195,16 @@ class VoiceActivitySkill(Skill):
         samples = _samples(item["audio"])
         if item.get("reset") is True:
             self._stream.reset()
-        events, windows = self._stream.feed(samples)
+        events, windows, peak = self._stream.feed(samples)
         if item.get("flush") is True and (closing := self._stream.flush()) is not None:
             events.append(closing)
+        heard = peak >= self._threshold
         return {
             "events": events,
             "speech": self._stream.speech,
             "probability": self._stream.probability,
             "windows": windows,
+            "label": "speech" if heard else "silence",
+            "confidence": peak if heard else 1.0 - peak,
+            "summaries": {"level_db": level_dbfs(samples)},
         }
