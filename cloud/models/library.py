@@ -55,6 +55,7 @@ __all__ = [
     "library_skills",
     "materialise_skill",
     "reference_from_results",
+    "write_skill_reference",
 ]
 
 #: ``runner(skill_dir, files)``: the skill's result for each item of each file, in order,
@@ -101,7 +102,12 @@ def converters() -> dict[str, Converter]:
 
 def library_skills() -> list[str]:
     """The names of the built-in skills that declare their models in ``sources.toml``."""
-    return sorted(p.name for p in LIBRARY.iterdir() if (p / SOURCES_NAME).is_file())
+    return sorted(
+        p.name
+        for p in LIBRARY.iterdir()
+        if (p / SOURCES_NAME).is_file()
+        and ModelSources.from_toml((p / SOURCES_NAME).read_text(encoding="utf-8")).models
+    )
 
 
 def materialise_skill(source: Path, dest: Path, *, version: str | None = None) -> Manifest:
@@ -179,10 +185,10 @@ def _reference_inputs(reference: ReferenceSource, tmp: Path) -> list[Path]:
         raise FactoryError(f"cannot write the reference inputs: {exc}") from exc
 
 
-def _write_reference(
+def write_skill_reference(
     work: Path, reference: ReferenceSource, runner: ReferenceRunner | None
 ) -> DriftSpec:
-    """Run the skill in ``work`` on the reference files; write the reference; its table.
+    """Run the skill in ``work`` on its reference inputs; write the reference; its table.
 
     Raises:
         FactoryError: No runner was given, a file is missing, or the skill failed on one.
@@ -232,7 +238,7 @@ def build_library_skill(
         manifest = materialise_skill(source, work, version=version)
         sources = ModelSources.from_toml((work / SOURCES_NAME).read_text(encoding="utf-8"))
         if sources.reference is not None and manifest.drift is None:
-            drift = _write_reference(work, sources.reference, runner)
+            drift = write_skill_reference(work, sources.reference, runner)
             manifest = dataclasses.replace(manifest, drift=drift)
             (work / "skill.toml").write_text(manifest.to_toml(), encoding="utf-8")
         try:
@@ -265,12 +271,12 @@ def build_skill_source(
     """
     in_library = src.resolve().parent == LIBRARY.resolve()
     try:
-        if (src / SOURCES_NAME).is_file():
-            return build_library_skill(src, out_dir, runner=runner)
         if in_library and src.name == "imagenet":
             from cloud.models.imagenet_skill import build_imagenet_skill  # noqa: PLC0415 - onnx
 
-            return build_imagenet_skill(out_dir, source=src).bundle
+            return build_imagenet_skill(out_dir, source=src, runner=runner).bundle
+        if (src / SOURCES_NAME).is_file():
+            return build_library_skill(src, out_dir, runner=runner)
     except FactoryError as exc:
         raise BundleError(str(exc)) from exc
     if in_library and not load_manifest(src).models:

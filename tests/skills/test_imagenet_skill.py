@@ -110,7 +110,7 @@ def test_without_the_labels_file_classes_are_numbered(tmp_path: Path) -> None:
     ("item", "message"),
     [
         ({}, "no 'image'"),
-        ({"image": np.zeros((10, 10), np.uint8)}, "uint8 photo"),
+        ({"image": np.zeros((10, 10, 2), np.uint8)}, "uint8 photo"),
         ({"image": np.zeros((224, 224, 3), np.float64)}, "float32"),
         ({"image": np.zeros((224, 3, 224), np.float32)}, r"\[1, 3, 224, 224\]"),
         ({"image": np.full((1, 3, 224, 224), np.nan, np.float32)}, "NaN"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+import numpy as np
 import pytest
 import skimage.data
 
@@ -59,3 +60,13 @@ def test_coffee_is_a_cup_of_coffee(imagenet: Harness) -> None:
 def test_the_library_has_no_second_image_classifier() -> None:
     names = sorted(p.name for p in LIBRARY.iterdir() if (p / "skill.toml").is_file())
     assert "imagenet" in names and "image-classify" not in names
+
+
+def test_a_grey_photo_is_classified_as_its_three_channel_copy(imagenet: Harness) -> None:
+    skill = imagenet.skill()
+    grey = skimage.data.camera()  # [512, 512] uint8: a man with a camera on a tripod
+    one = skill.process({"image": grey})
+    three = skill.process({"image": np.repeat(grey[..., None], 3, axis=2)})
+    assert (one["label"], one["confidence"]) == (three["label"], three["confidence"])
+    crop = grey[32:480, 32:480]  # resized to 256, the centre 224 cropped
+    assert one["summaries"]["brightness"] == pytest.approx(crop.mean() / 255, abs=0.01)

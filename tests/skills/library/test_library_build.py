@@ -130,6 +130,13 @@ def test_skill_build_exports_and_cuts_the_imagenet_folder(tmp_path: Path) -> Non
     labels = (tmp_path / "installed" / "control" / "imagenet_labels.txt").read_text().splitlines()
     assert len(labels) == 1000
     assert not (LIBRARY / "imagenet" / "models").exists()
+    # its drift reference: the skill's answers on scikit-image's 16 photos, run on the device
+    assert installed.drift is not None and installed.drift.inputs == ("brightness",)
+    reference = read_reference(tmp_path / "installed", installed.drift)
+    weights = reference.class_weights()
+    assert sum(weights.values()) == 16
+    assert weights[str(labels.index("tiger cat"))] >= 1  # chelsea, the cat
+    assert weights[str(labels.index("espresso"))] >= 1  # coffee
 
 
 def test_skill_build_refuses_the_digits_folder_which_has_no_model(tmp_path: Path) -> None:

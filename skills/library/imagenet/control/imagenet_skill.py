@@ -1,7 +1,7 @@
 """Control code of the built-in ``imagenet`` skill: a photo in, an ImageNet class out.
 
-Items carry ``image``, either a photo (``[H, W, 3]`` uint8 RGB, any size of at
-least 1x1) or an input already preprocessed (float32 ``[1, 3, 224, 224]`` or
+Items carry ``image``, either a photo (``[H, W, 3]`` uint8 RGB or ``[H, W]``
+grey, any size of at least 1x1) or an input already preprocessed (float32 ``[1, 3, 224, 224]`` or
 ``[3, 224, 224]``, pixels mapped with ``(x - 127) / 128``). A photo is
 preprocessed here as the hub's :func:`converters.efficientnet.preprocess` does:
 shorter side resized to 256 with an antialiased bilinear filter (PIL's, rounded
@@ -11,6 +11,9 @@ The model (``classifier``, EfficientNet-Lite0) is declared for split inference,
 so it runs through ``ctx.infer``: the agent picks the cut from the link it
 measures, and the result says where the work ran. The class names come from
 ``imagenet_labels.txt`` next to this file, which the hub writes at build time.
+Results carry the drift fields: ``label`` and ``confidence`` (the top class and
+its probability) and ``summaries.brightness`` (the mean pixel of the 224x224
+centre crop the model sees, in [0, 1]).
 
 This runs on the device: numpy, the standard library and the Skill SDK only.
 """
@@ -70,8 +73,11 @@ def preprocess(image: np.ndarray) -> np.ndarray:
     """A photo as the model's input: ``[1, 3, 224, 224]`` float32.
 
     Raises:
-        ValueError: ``image`` is not an ``[H, W, 3]`` uint8 photo of a sane size.
+        ValueError: ``image`` is not an ``[H, W, 3]`` or ``[H, W]`` (grey) uint8 photo
+            of a sane size.
     """
+    if image.ndim == 2:  # a grey photo: the same value in each channel
+        image = np.repeat(image[..., None], 3, axis=2)
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"expected an [H, W, 3] uint8 photo, got {image.dtype} {image.shape}")
     height, width = image.shape[:2]
@@ -161,7 +167,8 @@ class ImagenetSkill(Skill):
         """
         if self._ctx is None:
             raise RuntimeError("process() before setup()")
-        result = self._ctx.infer(_MODEL, {_INPUT: model_input(item)})
+        image = model_input(item)
+        result = self._ctx.infer(_MODEL, {_INPUT: image})
         label, confidence = _top1(result)
         self._items += 1
         answer = {
@@ -171,6 +178,8 @@ class ImagenetSkill(Skill):
             "path": result.path,
             "cut": result.cut,
             "fallback": result.fallback,
+            # the crop's mean pixel, read back from the model input's (x - 127) / 128
+            "summaries": {"brightness": float(image.mean() * _STD + _MEAN) / 255.0},
         }
         if self._log_results:
             self._ctx.logger.info(
