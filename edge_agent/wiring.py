@@ -228,6 +228,7 @@ def build_agent(
         state_dir=state,
         owner=config.skill_limits,
         confine=False if config.insecure else None,
+        providers=profile.providers,
     )
     return Agent(
         config,

@@ -26,6 +26,7 @@ __all__ = [
     "ENV_MAX_PROCESSES",
     "ENV_MEMORY_MB",
     "ENV_PRECISIONS",
+    "ENV_PROVIDERS",
     "ENV_SKILL_DIR",
     "ENV_TARGETS",
     "MAX_CONFIG_BYTES",
@@ -37,6 +38,8 @@ __all__ = [
 ENV_SKILL_DIR = "EDGESKILL_SKILL_DIR"
 ENV_TARGETS = "EDGESKILL_TARGETS"
 ENV_PRECISIONS = "EDGESKILL_PRECISIONS"
+#: The device profile's ONNX Runtime execution providers, best first, comma-separated.
+ENV_PROVIDERS = "EDGESKILL_PROVIDERS"
 ENV_CONFIG = "EDGESKILL_CONFIG"
 ENV_MEMORY_MB = "EDGESKILL_MEMORY_MB"
 ENV_CPU_SECONDS = "EDGESKILL_CPU_SECONDS"
@@ -86,6 +89,7 @@ def child_environment(
     limits: Mapping[str, str],
     precisions: Sequence[str] = (),
     home: Path | None = None,
+    providers: Sequence[str] = (),
 ) -> dict[str, str]:
     """The complete environment of a control process.
 
@@ -96,6 +100,7 @@ def child_environment(
         limits: ``EDGESKILL_*`` limit variables (``SandboxLimits.to_env()``).
         precisions: The device's preferred model precisions, best first.
         home: Its ``HOME``: its working folder when confined; ``skill_dir`` by default.
+        providers: The device profile's ONNX Runtime providers, best first; none: the CPU.
 
     Returns:
         The variables, and nothing inherited beyond ``PATH`` and ``LANG``.
@@ -108,6 +113,7 @@ def child_environment(
         ENV_SKILL_DIR: str(skill_dir),
         ENV_TARGETS: ",".join(targets),
         ENV_PRECISIONS: ",".join(precisions),
+        ENV_PROVIDERS: ",".join(providers),
         ENV_CONFIG: config_json,
         **limits,
     }

@@ -56,6 +56,7 @@ def make_launcher(
     owner: OwnerLimits | None = None,
     state_dir: Path | None = None,
     confine: bool | None = None,
+    providers: Sequence[str] = (),
 ) -> SkillLauncher:
     """The launcher that runs control code in a sandboxed :class:`SkillProcess`.
 
@@ -68,12 +69,15 @@ def make_launcher(
             folders (``<state>/sandbox/<name>``); the parent of ``log_dir`` if not given.
         confine: Give each skill a user of its own and a hidden view; by default whenever
             the agent runs as root. ``False`` as root is the explicit insecure mode.
+        providers: The device profile's ONNX Runtime providers, best first, for the
+            skills' sessions; the CPU only when empty.
 
     Returns:
         The launcher.
     """
     targets = tuple(profile_targets)
     device_precisions = tuple(precisions)
+    device_providers = tuple(providers)
     caps = owner or OwnerLimits()
     state = (state_dir or log_dir.parent).resolve()
     confined = os.geteuid() == 0 if confine is None else confine
@@ -104,6 +108,7 @@ def make_launcher(
             config={**dict(manifest.config), **config},
             log_path=log_dir / f"{manifest.name}-{manifest.version}.log",
             precisions=device_precisions,
+            providers=device_providers,
             limits=clamped.limits,
             confinement=confinement,
         )

@@ -109,6 +109,8 @@ class SkillProcess:
         log_path: File the child's stderr is appended to.
         python: The interpreter to run; this one by default.
         precisions: The device's preferred precisions, best first.
+        providers: The device profile's ONNX Runtime providers, best first; the child
+            opens its ONNX Runtime sessions with them (the CPU only when empty).
         limits: The limits it runs under; the manifest's, unclamped, by default.
         confinement: Its own user, folder and view; none (the agent's user) by default.
 
@@ -126,6 +128,7 @@ class SkillProcess:
         log_path: Path,
         python: str | None = None,
         precisions: Sequence[str] = (),
+        providers: Sequence[str] = (),
         limits: SandboxLimits | None = None,
         confinement: Confinement | None = None,
     ) -> None:
@@ -134,6 +137,7 @@ class SkillProcess:
         self._label = f"{manifest.name} {manifest.version}"
         self._targets = tuple(profile_targets)
         self._precisions = tuple(precisions)
+        self._providers = tuple(providers)
         #: The model variant each loaded model runs, as the child reported when ready.
         self.models: dict[str, str] = {}
         self._config_json = encode_config(config)
@@ -346,6 +350,7 @@ class SkillProcess:
             self._limits.to_env(),
             self._precisions,
             home=confined.work_dir if confined is not None else None,
+            providers=self._providers,
         )
         if confined is None:
             return command, env

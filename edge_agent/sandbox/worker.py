@@ -35,7 +35,13 @@ from typing import IO, Any
 import numpy as np
 
 from edge_agent.runtime import Runtime
-from edge_agent.sandbox.env import ENV_CONFIG, ENV_PRECISIONS, ENV_SKILL_DIR, ENV_TARGETS
+from edge_agent.sandbox.env import (
+    ENV_CONFIG,
+    ENV_PRECISIONS,
+    ENV_PROVIDERS,
+    ENV_SKILL_DIR,
+    ENV_TARGETS,
+)
 from edge_agent.sandbox.limits import SandboxLimits
 from edge_agent.sandbox.protocol import (
     MAX_INFERS_PER_ITEM,
@@ -227,7 +233,8 @@ def _start_skill(channel: _Channel) -> tuple[Skill, Runtime, _Context]:
     config = _read_config(env.get(ENV_CONFIG, ""))
     manifest = Manifest.from_toml((skill_dir / "skill.toml").read_text(encoding="utf-8"))
     precisions = [p for p in env.get(ENV_PRECISIONS, "").split(",") if p]
-    runtime = Runtime(skill_dir, manifest, targets, precisions=precisions)
+    providers = [p for p in env.get(ENV_PROVIDERS, "").split(",") if p]
+    runtime = Runtime(skill_dir, manifest, targets, precisions=precisions, providers=providers)
     onnx_target = next((t for t in targets if t.startswith("onnx-")), "onnx-cpu")
     slowdown = _slowdown(config)
     inference = DeviceInference(skill_dir, manifest, runtime, target=onnx_target, slowdown=slowdown)
