@@ -11,6 +11,8 @@ standard library only):
   ``"reset": true`` and the last with ``"flush": true`` (a stream, as the
   voice and wake-word skills take it);
 - a text file: one ``{"text": line}`` per non-empty line;
+- a video file (``.mp4``, ``.avi``, ``.mkv``, ``.mov``, ``.webm``, ``.m4v``): one
+  ``{"image": uint8 RGB frame}`` per frame, decoded by OpenCV (the ``video`` extra);
 - ``camera:N`` (OpenCV) and ``mic:SECONDS`` (sounddevice): live, when that
   library is installed, refused with a message saying what to install when not;
 - an ``.npz`` replay file (``x``, ``y``): the existing replay source;
@@ -28,7 +30,7 @@ from __future__ import annotations
 import importlib
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +42,7 @@ from edge_agent.media import AUDIO_RATE, IMAGE_SUFFIXES, read_image, read_lines,
 from edge_agent.workload import ReplaySource
 
 __all__ = [
+    "VIDEO_SUFFIXES",
     "AudioStream",
     "Camera",
     "ImageFiles",
@@ -54,6 +57,10 @@ __all__ = [
 ]
 
 MAX_IMAGES = 10_000
+#: Frames one video file may give; a longer video is refused (cut it, or use camera:PATH).
+MAX_VIDEO_FRAMES = 100_000
+VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v"})
+_OPENCV = "pip install 'edgeskill[video]' (opencv-python-headless)"
 MAX_INPUTS_BYTES = 64 * 1024
 DEFAULT_CHUNK_S = 0.5
 _SKILL_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
@@ -171,11 +178,35 @@ class Camera:
         Raises:
             InputError: OpenCV is not installed or the device does not open.
         """
-        cv2 = _library("cv2", "pip install opencv-python-headless", "a camera input")
+        cv2 = _library("cv2", _OPENCV, "a camera input")
         self._capture = cv2.VideoCapture(self.device)
         if not self._capture.isOpened():
             raise InputError(f"camera {self.device} does not open")
         return self
+
+    @classmethod
+    def video(cls, path: Path) -> Camera:
+        """Every frame of the video file at ``path``, in order.
+
+        Raises:
+            InputError: OpenCV is not installed, the file does not decode, or it has
+                no frames or more than :data:`MAX_VIDEO_FRAMES`.
+        """
+        cv2 = _library("cv2", _OPENCV, "a video input")
+        source = cls(str(path))
+        source._capture = cv2.VideoCapture(str(path))
+        if not source._capture.isOpened():
+            raise InputError(f"video {path} does not decode")
+        frames = int(source._capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        if not 0 < frames <= MAX_VIDEO_FRAMES:
+            source._capture.release()
+            raise InputError(f"video {path} has {frames} frames; 1..{MAX_VIDEO_FRAMES} are read")
+        source.frames = frames
+        return source
+
+    def name(self, i: int) -> str:
+        """The frame's number."""
+        return f"frame {i}"
 
     def __len__(self) -> int:
         return self.frames
@@ -279,12 +310,21 @@ def _read_inputs_file(path: Path) -> dict[str, str | Path]:
     return out
 
 
+#: The single-file sources by suffix (images, folders and inputs files aside).
+_FILE_READERS: dict[str, Callable[[Path], Source]] = {
+    ".wav": lambda path: AudioStream(read_wav(path)),
+    ".txt": lambda path: TextLines(tuple(read_lines(path))),
+    ".npz": ReplaySource.load,
+    **dict.fromkeys(VIDEO_SUFFIXES, Camera.video),
+}
+
+
 def load_input(spec: str | Path) -> Source:
     """The source ``spec`` names (see the module's list).
 
     Args:
-        spec: A path (image, folder, ``.wav``, ``.txt``, ``.npz``, inputs ``.toml``),
-            ``camera:N`` or ``mic:SECONDS``.
+        spec: A path (image, folder, ``.wav``, video, ``.txt``, ``.npz``, inputs
+            ``.toml``), ``camera:N`` (or ``camera:URL``) or ``mic:SECONDS``.
 
     Raises:
         InputError: It does not exist, is of no known kind, or cannot be read.
@@ -299,17 +339,14 @@ def load_input(spec: str | Path) -> Source:
     suffix = path.suffix.lower()
     if path.is_dir() or suffix in IMAGE_SUFFIXES:
         return ImageFiles.from_path(path)
-    if suffix == ".wav":
-        return AudioStream(read_wav(path))
-    if suffix == ".txt":
-        return TextLines(tuple(read_lines(path)))
-    if suffix == ".npz":
-        return ReplaySource.load(path)
+    if (reader := _FILE_READERS.get(suffix)) is not None:
+        return reader(path)
     if suffix == ".toml":
         entries = _read_inputs_file(path)
         return SkillInputs({skill: load_input(entry) for skill, entry in entries.items()})
     raise InputError(
-        f"input {path}: not an image, a folder of images, .wav, .txt, .npz or an inputs .toml"
+        f"input {path}: not an image, a folder of images, .wav, a video, .txt, .npz or an "
+        "inputs .toml"
     )
 
 

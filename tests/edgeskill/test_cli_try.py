@@ -6,8 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import skimage
+import skimage.io
 import typer
 from typer.testing import CliRunner
 
@@ -59,6 +61,21 @@ def test_each_board_runs_its_variant_and_finds_the_same_face(
     assert len(faces) == 1 and faces[0]["score"] > 0.85
 
 
+def test_a_video_file_is_tried_frame_by_frame(face_bundle: Path, tmp_path: Path) -> None:
+    import cv2  # noqa: PLC0415 - the video extra
+
+    clip = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 5.0, (512, 512))
+    for photo in ("astronaut.png", "coffee.png", "astronaut.png"):
+        bgr = skimage.io.imread(DATA / photo)[..., ::-1]  # OpenCV writes BGR
+        writer.write(cv2.resize(np.ascontiguousarray(bgr), (512, 512)))
+    writer.release()
+    result = runner.invoke(app, ["agent", "try", str(face_bundle), str(clip), "--json"])
+    assert result.exit_code == 0, result.output
+    labels = [json.loads(line)["label"] for line in result.output.splitlines()]
+    assert labels == ["face", "none", "face"]
+
+
 def test_json_lines_and_config(face_bundle: Path) -> None:
     photo = str(DATA / "chelsea.png")
     result = runner.invoke(app, ["agent", "try", str(face_bundle), photo, "--json"])
@@ -90,7 +107,7 @@ def test_a_failing_item_is_shown_and_the_exit_code_says_so(face_bundle: Path) ->
     ("args", "message"),
     [
         (["missing.png"], "does not exist"),
-        (["camera:0"], "opencv"),
+        (["camera:9"], "camera 9 does not open"),  # no camera on this machine
         (["x.png", "--config", "novalue"], "KEY=VALUE"),
     ],
 )
