@@ -31,10 +31,10 @@ model and data file, and how the build turns it into a bundle file::
 A reference may instead give its inputs itself, for skills whose inputs no
 package ships: ``texts = [...]`` (each line one text item, as the agent's text
 adapter feeds a ``.txt`` file) or ``speak = [...]`` (the lines spoken by
-espeak-ng at build time into one 16 kHz stream, a second of silence around
-each, fed as the agent's audio adapter feeds a ``.wav`` file). Exactly one of
-``files``, ``texts`` and ``speak``; ``package`` and ``version`` go with ``files``
-only.
+espeak-ng at build time into one stream, a second of pause around each, over a
+-60 dBFS noise floor, fed as the agent's audio adapter feeds a ``.wav``).
+Exactly one of ``files``, ``texts`` and ``speak``; ``package`` and ``version``
+go with ``files`` only.
 
 Nothing is downloaded: a package that is missing, at another version, or without
 the file fails the build with a message saying what to install. Parsing is pure
