@@ -6,12 +6,9 @@ only the ``edge`` extra installed loads nothing of the hub.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument
+
+from edge_agent.cli import quiet_native_logs, run_until_signal, setup_logging
 
 if TYPE_CHECKING:
     from cloud.models import ModelFactory
@@ -59,68 +58,10 @@ def _labels(items: list[str] | None) -> dict[str, str]:
     return labels
 
 
-#: Libraries whose INFO lines say nothing to an operator (alembic alone prints a line per
-#: migration check at every start); they log at WARNING and above unless --verbose.
-QUIET_LIBRARIES = (
-    "absl",
-    "ai_edge_litert",
-    "alembic",
-    "asyncio",
-    "filelock",
-    "grpc",
-    "httpcore",
-    "httpx",
-    "onnxruntime",
-    "openvino",
-    "paho",
-    "PIL",
-    "sqlalchemy",
-    "tensorflow",
-    "tflite",
-    "torch",
-    "urllib3",
-)
-#: Native libraries read these from the environment once, when they are first loaded.
-_NATIVE_QUIET_ENV = {
-    "GRPC_VERBOSITY": "ERROR",
-    "TF_CPP_MIN_LOG_LEVEL": "2",  # LiteRT's (absl) logging: warnings and errors only
-}
-
-
-def _quiet_native_logs(verbose: bool) -> None:
-    """Keep native libraries' INFO output off the console unless ``verbose``.
-
-    Call it before those libraries are imported; a value already in the
-    environment wins, so a person can still turn one of them up.
-    """
-    if verbose:
-        return
-    for name, value in _NATIVE_QUIET_ENV.items():
-        os.environ.setdefault(name, value)
-
-
-def _setup_logging(verbose: bool) -> None:
-    """Log our INFO lines (every line with --verbose); libraries' only from WARNING up."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not verbose:
-        for name in QUIET_LIBRARIES:
-            logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _run_until_signal(main: object) -> None:
-    """Run an ``async def main(stop)`` until SIGINT or SIGTERM."""
-
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await main(stop)  # type: ignore[operator]
-
-    asyncio.run(runner())
+# One copy for every command and for the agent's own entry (``python -m edge_agent``).
+_quiet_native_logs = quiet_native_logs
+_setup_logging = setup_logging
+_run_until_signal = run_until_signal
 
 
 @contextlib.contextmanager

@@ -28,8 +28,6 @@ from edgeskill._common import (
     MetricsBindOpt,
     _labels,
     _quiet_native_logs,
-    _run_until_signal,
-    _setup_logging,
     _warn_insecure,
     console,
     print_error,
@@ -141,13 +139,9 @@ def agent_run(
       edgeskill agent run --hub grpcs://hub:7443 --device-id cam-1 --state-dir cam-1
         --trusted-root root.json --source stream.npz --source-loop
     """
+    from edge_agent.cli import run_command  # noqa: PLC0415
     from edge_agent.config import AgentConfig  # noqa: PLC0415
-    from edge_agent.errors import AgentError, TransportError  # noqa: PLC0415
-    from edge_agent.startup_checks import check_run_config  # noqa: PLC0415
-    from edge_agent.wiring import run_agent  # noqa: PLC0415
-    from skills.errors import SkillError  # noqa: PLC0415
 
-    _setup_logging(verbose)
     labels = _labels(label)
     if insecure:
         _warn_insecure()
@@ -174,12 +168,9 @@ def agent_run(
         claim_token=token,
         enroll_url=enroll_url,
     )
-    try:
-        check_run_config(config)  # before anything is written: a refused start creates nothing
-        _run_until_signal(lambda stop: run_agent(config, stop))
-    except (AgentError, SkillError, TransportError) as exc:
-        print_error(str(exc))
-        raise typer.Exit(2) from exc
+    status = run_command(config, verbose=verbose, on_error=print_error)
+    if status:
+        raise typer.Exit(status)
 
 
 def _read_token(path: Path) -> str:

@@ -5,9 +5,10 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
 * ``install_mb``: the agent's dependency set for the profile's architecture, installed:
   the uncompressed size of every wheel in ``firmware_images/locks/<profile>.lock`` plus
   the agent's own wheel (wheels are downloaded once into .build/firmware/wheels);
-* ``idle_rss_mb``: the agent process (``edgeskill agent run --board <profile>`` on this
-  machine), enrolled over mTLS and connected to a real hub, nothing deployed; median of
-  samples over 5 s;
+* ``idle_rss_mb``: the agent process started as the firmware images start it
+  (``python -m edge_agent run --board <profile>`` on this machine: ``edgeskill agent run``'s
+  options without Typer, Rich and Pydantic), enrolled over mTLS and connected to a real
+  hub, nothing deployed; median of samples over 5 s;
 * ``running_rss_mb``: the agent and its skill process together while the digits skill
   runs the variant the profile picks (``skill_rss_mb`` and ``variant`` say which).
 
@@ -149,7 +150,8 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
     args += ["--source-loop", "--source-rate", "50", "--claim-token", token,
              "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
              "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
-    agent = fleet.start(device, args)
+    # As firmware_images/common/edgeskill-agent starts it: the agent's own entry.
+    agent = fleet.spawn(device, [sys.executable, "-m", "edge_agent", "run", *args[2:]])
 
     def registered() -> bool:
         record = hub.store.get_device(device)

@@ -1,4 +1,9 @@
-"""The agent stays small: its whole import closure loads no heavy dependency."""
+"""The agent stays small: its whole import closure loads no heavy dependency.
+
+The idle agent's memory is mostly what it imported (tests/bench/bench_footprint.py
+measures it); model runtimes belong in the skills' own processes, and the CLI
+framework in ``edgeskill``'s commands, not in the agent the firmware starts.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,16 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "fastapi", "sqlalchemy", "cloud", "converters", "onnx", "starlette")
+#: Model runtimes: only a skill's control process loads one.
+RUNTIMES = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime", "acl")
+#: Typer (and what it brings: Click, Rich, Pydantic) and the other commands of ``edgeskill``.
+CLI_FRAMEWORK = ("typer", "click", "rich", "pydantic", "pydantic_core", "edgeskill")
 
 PROBE = """
 import json, sys
 import edge_agent
 import edge_agent.agent, edge_agent.transport.grpc, edge_agent.reconciler, edge_agent.sandbox
-import edge_agent.sandbox.worker, edge_agent.runtime
+import edge_agent.sandbox.worker, edge_agent.runtime, edge_agent.cli, edge_agent.wiring
 print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))
 """
 
@@ -23,7 +32,30 @@ def test_agent_import_closure_has_no_heavy_dependencies() -> None:
     ).stdout
     loaded = set(json.loads(out))
     assert "edge_agent" in loaded
-    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    assert not loaded & {*HEAVY, *RUNTIMES}, sorted(loaded & {*HEAVY, *RUNTIMES})
+
+
+# What `python -m edge_agent run` (the firmware's entry) has loaded once its options are
+# parsed and its start-up path imported, up to where it would connect.
+ENTRY_PROBE = """
+import json, sys
+import edge_agent.cli as cli
+args = cli.parser().parse_args(["run", "--hub", "grpcs://hub:7443", "--device-id", "cam-1"])
+config = cli._config(args)
+from edge_agent.startup_checks import check_run_config
+from edge_agent.wiring import run_agent
+print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))
+"""
+
+
+def test_the_agents_entry_loads_no_runtime_and_no_cli_framework() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", ENTRY_PROBE], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(json.loads(out))
+    assert {"edge_agent", "grpc"} <= loaded  # the probe did reach the start-up path
+    unwanted = {*HEAVY, *RUNTIMES, *CLI_FRAMEWORK}
+    assert not loaded & unwanted, sorted(loaded & unwanted)
 
 
 def test_agent_cli_help_works_without_the_hub() -> None:
