@@ -1,7 +1,9 @@
 """The runtime facade: the best model variant and backend for this device.
 
-Importing this package imports neither OpenVINO nor LiteRT; each backend loads
-its library the first time it is asked whether it is available.
+Importing this package imports neither OpenVINO, LiteRT nor pyACL; each backend
+loads its library the first time it is asked whether it is available. The pyACL
+backend (Ascend ``.om`` models, :mod:`edge_agent.runtime.acl`) is one of the
+default backends.
 """
 
 from edge_agent.runtime.backends import (

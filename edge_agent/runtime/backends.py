@@ -400,4 +400,6 @@ def default_backends(providers: Sequence[str] = (CPU_PROVIDER,)) -> list[Backend
     Args:
         providers: The device profile's ONNX Runtime providers, best first.
     """
-    return [OnnxRuntimeBackend(providers), OpenVinoBackend(), LiteRtBackend()]
+    from edge_agent.runtime.acl import AclBackend  # noqa: PLC0415 - acl.py imports this module
+
+    return [OnnxRuntimeBackend(providers), OpenVinoBackend(), LiteRtBackend(), AclBackend()]

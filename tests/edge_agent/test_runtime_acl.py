@@ -7,6 +7,7 @@ here, which the last test relies on.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import sys
@@ -299,3 +300,31 @@ def test_unavailable_without_pyacl():
     assert backend_for("om", [backend]) is None
     with pytest.raises(RuntimeBackendError, match="backend acl is not installed"):
         backend.load(Path("model.om"), "om")
+
+
+def test_the_ascend_profile_runs_its_om_variant_through_acl_and_onnx_without_it(
+    fake: FakeAcl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime facade's default backends: `om` first on an Ascend board, ONNX without ACL."""
+    from edge_agent.profile import PROFILES  # noqa: PLC0415
+    from edge_agent.runtime import Runtime  # noqa: PLC0415
+    from tests.edge_agent.test_runtime import skill_with, variant  # noqa: PLC0415
+
+    skill_dir, manifest = skill_with(tmp_path, "onnx-cpu")
+    om = write_model(tmp_path / "models" / "classifier-om-fp32.om", [X], [Y])
+    variants = (variant("om", "models/classifier-om-fp32.om", om.read_bytes()), *manifest.models)
+    manifest = dataclasses.replace(manifest, models=variants)
+    targets = PROFILES["ascend310"].targets
+    monkeypatch.setattr(acl_backend, "_shared", None)  # this test's own process session
+    with_acl = Runtime(skill_dir, manifest, targets).model("classifier")
+    assert isinstance(with_acl, AclModel) and (with_acl.target, with_acl.provider) == (
+        "om",
+        "ascend:0",
+    )
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(with_acl.run({"x": x})["y"], x * 2 + 1)
+    with_acl.close()
+    assert fake.leaks() == {}
+    monkeypatch.setitem(sys.modules, "acl", None)  # a board without CANN: the import fails
+    without = Runtime(skill_dir, manifest, targets).model("classifier")
+    assert (without.backend, without.target) == ("onnxruntime", "onnx-cpu")
