@@ -237,7 +237,9 @@ def _start_skill(channel: _Channel) -> tuple[Skill, Runtime, _Context]:
     runtime = Runtime(skill_dir, manifest, targets, precisions=precisions, providers=providers)
     onnx_target = next((t for t in targets if t.startswith("onnx-")), "onnx-cpu")
     slowdown = _slowdown(config)
-    inference = DeviceInference(skill_dir, manifest, runtime, target=onnx_target, slowdown=slowdown)
+    inference = DeviceInference(
+        skill_dir, manifest, runtime, target=onnx_target, slowdown=slowdown, providers=providers
+    )
     logger = logging.getLogger(f"skill.{manifest.name}")
     ctx = _Context(config, skill_dir, logger, runtime, channel, inference, manifest)
     skill = _load_skill_class(skill_dir / "control", manifest.entrypoint)()

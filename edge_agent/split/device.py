@@ -19,7 +19,7 @@ against the hub within a call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,7 @@ class DeviceInference:
         runtime: Loads plain and small models.
         target: The device's ONNX target, for split segments.
         slowdown: Emulate a device this many times slower for split segments.
+        providers: The device profile's ONNX Runtime providers, for split segments.
     """
 
     def __init__(
@@ -82,12 +83,14 @@ class DeviceInference:
         *,
         target: str = "onnx-cpu",
         slowdown: float = 1.0,
+        providers: Sequence[str] = (),
     ) -> None:
         self._skill_dir = skill_dir
         self._manifest = manifest
         self._runtime = runtime
         self._target = target
         self.slowdown = slowdown
+        self._providers = tuple(providers)
         self._runners: dict[str, SegmentRunner] = {}
 
     def split_models(self) -> list[str]:
@@ -111,6 +114,7 @@ class DeviceInference:
                 root=self._skill_dir,
                 target=self._target,
                 slowdown=self.slowdown,
+                providers=self._providers,
             )
         return self._runners[model]
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_agent.errors import RuntimeBackendError
-from edge_agent.profile import providers_for
+from edge_agent.profile import session_providers
 
 __all__ = ["CutLike", "PlanLike", "SegmentLike", "SegmentRunner"]
 
@@ -88,9 +88,10 @@ class PlanLike(Protocol):
     def device_ms(self) -> Sequence[float]: ...
 
 
-def _providers(target: str, available: Sequence[str]) -> list[str]:
-    wanted = providers_for(target) if target.startswith("onnx-") else [_CPU]
-    return [*(p for p in wanted if p in available and p != _CPU), _CPU]
+def _providers(target: str, profile: Sequence[str], available: Sequence[str]) -> list[str]:
+    if not target.startswith("onnx-"):
+        return [_CPU]
+    return session_providers(target, profile, available)
 
 
 class SegmentRunner:
@@ -102,6 +103,8 @@ class SegmentRunner:
         root: The skill's folder; every segment file must lie inside it.
         target: The device's ONNX target (its execution providers are used).
         slowdown: Emulate a device this many times slower (``>= 1``).
+        providers: The device profile's ONNX Runtime providers, best first, tried
+            after the target's own (as the runtime facade opens sessions).
 
     Raises:
         RuntimeBackendError: A segment file leaves the skill, is missing, or does not
@@ -116,6 +119,7 @@ class SegmentRunner:
         root: Path,
         target: str = "onnx-cpu",
         slowdown: float = 1.0,
+        providers: Sequence[str] = (),
     ) -> None:
         if not (slowdown >= 1.0 and np.isfinite(slowdown)):
             raise RuntimeBackendError(f"a device slowdown must be >= 1, got {slowdown!r}")
@@ -126,7 +130,7 @@ class SegmentRunner:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = _providers(target, ort.get_available_providers())
+        chosen = _providers(target, providers, ort.get_available_providers())
         top = root.resolve()
         self._sessions: list[Any] = []
         for segment in plan.segments:
@@ -134,7 +138,7 @@ class SegmentRunner:
             if not path.is_relative_to(top):
                 raise RuntimeBackendError(f"segment {segment.file!r} leaves the skill")
             try:
-                session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+                session = ort.InferenceSession(str(path), sess_options=options, providers=chosen)
             except Exception as exc:  # onnxruntime raises its own untyped errors
                 raise RuntimeBackendError(
                     f"{plan.model}: cannot load segment {segment.file}: {exc}"

@@ -530,3 +530,18 @@ def test_runtime_metrics_report_the_link_and_the_cut(tmp_path: Path) -> None:
     assert metrics["split.chain.profiled"] == 1.0
     assert metrics["split.link_bandwidth_bps"] == pytest.approx(1.25e9)
     assert SplitPlan.load(skill_dir / "models" / "chain" / "split.json").model == "chain"
+
+
+def test_split_segments_open_with_the_profiles_providers(tmp_path: Path) -> None:
+    """As the runtime facade does: the target's providers, then the profile's, CPU last."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    extra = next((p for p in ort.get_available_providers() if p != "CPUExecutionProvider"), None)
+    assert extra is not None, "this ONNX Runtime build has only the CPU provider"
+    skill_dir, manifest = _skill(tmp_path)
+    runtime = _Runtime({})
+    device = DeviceInference(skill_dir, manifest, runtime, providers=(extra,))  # type: ignore[arg-type]
+    for session in device.runner("chain")._sessions:
+        assert session.get_providers() == [extra, "CPUExecutionProvider"]
+    plain = DeviceInference(skill_dir, manifest, runtime)  # type: ignore[arg-type]
+    assert plain.runner("chain")._sessions[0].get_providers() == ["CPUExecutionProvider"]
