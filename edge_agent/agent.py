@@ -18,10 +18,9 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent import __version__
-from edge_agent.adapters import Source, source_for
 from edge_agent.config import AgentConfig
 from edge_agent.desired_gate import DesiredGate
 from edge_agent.drift_samples import SampleWatch
@@ -45,6 +44,9 @@ from protos.errors import ProtocolError
 from skills.errors import FetchError, TrustError
 from skills.manifest import Manifest
 from skills.trust.director import InstructionError
+
+if TYPE_CHECKING:
+    from edge_agent.adapters import Source
 
 __all__ = ["Agent", "HubLink", "TransportFactory"]
 
@@ -480,6 +482,8 @@ class Agent:
         source = self._source
         if source is None:
             return
+        from edge_agent.adapters import source_for  # noqa: PLC0415 - media decoders, numpy
+
         done: set[tuple[str, str]] = set()
         while True:
             fed = False

@@ -34,14 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from edge_agent.errors import AgentError
 from protos import pb
 from protos.limits import MAX_ENVELOPE_BYTES
+from skills.codec_limits import CodecLimits
 from skills.errors import TensorCodecError
 from skills.manifest import Manifest
-from skills.tensor_codec import CodecLimits, encode_protos
 
 __all__ = [
     "HARD_MAX_BYTES",
@@ -200,6 +198,8 @@ def _answer(result: object) -> tuple[int, float] | None:
     """
     if not isinstance(result, Mapping) or "label" not in result or "confidence" not in result:
         return None
+    import numpy as np  # noqa: PLC0415 - results come only from a running skill
+
     predicted, confidence = result["label"], result["confidence"]
     if isinstance(predicted, bool) or not isinstance(predicted, int | np.integer):
         raise ValueError(f"a class of type {type(predicted).__name__}, not an integer")
@@ -283,6 +283,10 @@ class SampleCollector:
 
     def _tensor(self, value: object) -> pb.TensorProto | str:
         """The input as a tensor message, or the problem with it."""
+        import numpy as np  # noqa: PLC0415 - only a running skill's inputs are sampled
+
+        from skills.tensor_codec import encode_protos  # noqa: PLC0415 - numpy, as above
+
         if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf" or value.size == 0:
             return "no-input"
         codec = "fp16" if value.dtype == np.float16 else "fp32"

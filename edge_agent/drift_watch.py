@@ -31,12 +31,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge_agent.drift import MAX_WINDOW, DriftMonitor, DriftSummary
 from skills.drift_spec import read_reference
 from skills.errors import DriftReferenceError
-from skills.manifest import Manifest
+
+if TYPE_CHECKING:
+    from edge_agent.drift import DriftMonitor, DriftSummary
+    from skills.manifest import Manifest
 
 __all__ = ["DRIFT_PREFIX", "DriftWatch"]
 
@@ -85,6 +87,8 @@ class DriftWatch:
         except DriftReferenceError as exc:
             self._log_once(key, "reference", "runs without drift statistics: %s", exc)
             return
+        from edge_agent.drift import MAX_WINDOW, DriftMonitor  # noqa: PLC0415 - numpy: a skill runs
+
         self._monitors[key] = DriftMonitor(name, version, reference, window_size=MAX_WINDOW)
 
     def detach(self, name: str) -> None:

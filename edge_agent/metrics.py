@@ -13,13 +13,12 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from edge_agent.errors import AgentError, OutboxError
 from protos.metrics_server import MetricsBindError, MetricsServer, start_metrics_server
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     from edge_agent.agent import Agent
 
 __all__ = [
@@ -65,6 +64,9 @@ class AgentCollector:
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Yield the agent's metric families (called by the registry on each scrape)."""
+        # Scraped only when the endpoint runs, and then prometheus_client is loaded.
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415
+
         agent = self.agent
         try:
             pending = len(agent.outbox)
@@ -119,6 +121,9 @@ def start_agent_metrics(agent: Agent, bind: str) -> MetricsServer:
     Raises:
         AgentError: a malformed ``bind``, or the address cannot be bound.
     """
+    # Without --metrics-bind the agent never loads prometheus_client (a few MB).
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
     try:

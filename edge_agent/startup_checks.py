@@ -19,14 +19,12 @@ import zipfile
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
-import numpy as np
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
-from edge_agent.adapters import check_input
 from edge_agent.config import AgentConfig
 from edge_agent.enrolment import enroll_url_for, load_identity
 from edge_agent.errors import AgentError
@@ -276,6 +274,8 @@ def check_source(path: Path) -> None:
         SettingsError: missing, not a file, too large, or not such an archive or input.
     """
     if path.suffix.lower() not in (".npz", ".npy"):  # a numpy file: a replay archive or not
+        from edge_agent.adapters import check_input  # noqa: PLC0415 - numpy: only with a source
+
         try:
             check_input(path)
         except AgentError as exc:
@@ -284,6 +284,8 @@ def check_source(path: Path) -> None:
     info = _regular_file(path, "source")
     if info.st_size > MAX_SOURCE_BYTES:
         raise SettingsError(f"source {path} is larger than {MAX_SOURCE_BYTES} bytes")
+    import numpy as np  # noqa: PLC0415 - only with a source; an idle agent has none
+
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:

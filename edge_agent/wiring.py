@@ -12,11 +12,11 @@ import contextlib
 import dataclasses
 import functools
 import logging
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from cryptography.x509.oid import NameOID
 
-from edge_agent.adapters import Source, load_input
 from edge_agent.agent import Agent, HubLink, TransportFactory
 from edge_agent.config import AgentConfig
 from edge_agent.enrolment import (
@@ -41,6 +41,9 @@ from edge_agent.startup_checks import (
 from edge_agent.state_lock import hold_state_folder
 from edge_agent.transport import open_transport
 from skills.trust import TrustClient
+
+if TYPE_CHECKING:
+    from edge_agent.adapters import Source
 
 __all__ = ["build_agent", "run_agent", "transport_factory"]
 
@@ -219,6 +222,8 @@ def build_agent(
     link = HubLink(config.max_bundle_bytes)
     trust = TrustClient(state / TRUST_DIR, link.fetch, trusted_root=root)
     if source is None and config.source is not None:
+        from edge_agent.adapters import load_input  # noqa: PLC0415 - numpy: only with a source
+
         source = load_input(config.source)
     installs = InstallStore(state / "installs")
     launcher = launcher or make_launcher(

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edge_agent.errors import AgentError
 from protos import pb
 from protos.envelope import now_ms
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edge_agent.sandbox.protocol import InferRecord
 
 #: The joint-inference paths whose accuracy is reported apart.
@@ -41,6 +41,8 @@ class ReplaySource:
         Raises:
             AgentError: missing, too large, or without an ``x`` array.
         """
+        import numpy as np  # noqa: PLC0415 - an idle agent (no source) runs without numpy
+
         try:
             if path.stat().st_size > MAX_SOURCE_BYTES:
                 raise AgentError(f"source {path} is larger than {MAX_SOURCE_BYTES} bytes")
@@ -141,6 +143,8 @@ class WindowStats:
         self, dropped: int = 0, gauges: Mapping[str, float] | None = None
     ) -> pb.Telemetry:
         """The window as a wire message; ``gauges`` (split link and cut state) join its metrics."""
+        import numpy as np  # noqa: PLC0415 - only a running skill has a window
+
         lat = np.asarray(self.latencies_ms or [0.0])
         return pb.Telemetry(
             skill=self.skill,

@@ -9,9 +9,12 @@ translate the two errors below into their own package's errors.
 from __future__ import annotations
 
 import threading
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["MetricsBindError", "MetricsServer", "parse_bind", "start_metrics_server"]
 
@@ -62,6 +65,10 @@ def start_metrics_server(registry: CollectorRegistry, bind: str) -> MetricsServe
         MetricsBindError: a malformed ``bind``.
         OSError: the address cannot be bound (taken, or not an address of this machine).
     """
+    # Its HTTP server (http.server, wsgiref) costs a few MB; a process without an
+    # endpoint (an agent without --metrics-bind) never loads it.
+    from prometheus_client import start_http_server  # noqa: PLC0415
+
     host, port = parse_bind(bind)
     server, thread = start_http_server(port, host, registry=registry)
     return MetricsServer(server, thread)

@@ -9,7 +9,9 @@ infinities, duplicate keys, unknown keys, wrong types and inconsistent values,
 and says what is wrong in a :class:`~skills.errors.DriftReferenceError` (the
 bundle publisher's fault).
 
-Pure numpy and the standard library: the hub and the agent share this module.
+Pure numpy and the standard library: the hub and the agent share this module
+(its caps, :class:`ReferenceLimits`, live in :mod:`skills.drift_limits`, which
+needs no numpy).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from skills.drift_limits import DEFAULT_LIMITS, ReferenceLimits
 from skills.drift_stats import Histogram, check_int, finite_array
 from skills.errors import DriftReferenceError
 
@@ -39,32 +42,6 @@ __all__ = [
 ]
 
 REFERENCE_FORMAT = "edgeskill-drift-reference/1"
-
-
-@dataclass(frozen=True)
-class ReferenceLimits:
-    """Caps on a drift reference read from a bundle.
-
-    Attributes:
-        max_bytes: The JSON document's size.
-        max_classes: Classes in the class mix.
-        max_bins: Bins of the confidence histogram.
-        max_inputs: Declared input summaries.
-        max_points: Reference points per input summary.
-        max_name_chars: Length of a class or input name.
-        max_n: The sample size an input's points may stand for.
-    """
-
-    max_bytes: int = 1 << 20
-    max_classes: int = 1024
-    max_bins: int = 256
-    max_inputs: int = 64
-    max_points: int = 4096
-    max_name_chars: int = 128
-    max_n: int = 10**12
-
-
-DEFAULT_LIMITS = ReferenceLimits()
 
 
 def _fail(message: str) -> DriftReferenceError:

@@ -27,11 +27,14 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skills._fields import Table, check_bundle_path, check_pattern, fail, located
-from skills.drift_reference import DEFAULT_LIMITS, DriftReference, ReferenceLimits
+from skills.drift_limits import DEFAULT_LIMITS, ReferenceLimits
 from skills.errors import DriftReferenceError
+
+if TYPE_CHECKING:
+    from skills.drift_reference import DriftReference
 
 __all__ = [
     "DEFAULT_REFERENCE_PATH",
@@ -157,6 +160,9 @@ def read_reference(
             file, over ``limits.max_bytes``, not a valid reference, or its input
             summaries are not the declared ones.
     """
+    # Numpy with it: a manifest is read while idle, a reference only when a skill starts.
+    from skills.drift_reference import DriftReference  # noqa: PLC0415
+
     path = root.joinpath(*spec.reference.split("/"))
     if not path.resolve().is_relative_to(root.resolve()):  # a linked folder on the way
         raise DriftReferenceError(f"drift reference {spec.reference!r} leaves the bundle")

@@ -17,7 +17,8 @@ Two wire forms (values little-endian):
   values), for anything that stores or carries plain bytes.
 
 Everything read from outside is checked against :class:`CodecLimits` before any
-array is allocated. Needs numpy only.
+array is allocated (the caps live in :mod:`skills.codec_limits`, which needs no
+numpy). Needs numpy only.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from protos import edgeskill_pb2 as pb
+from skills.codec_limits import CODECS, DEFAULT_LIMITS, MAX_INFER_BYTES, WIRE_LIMITS, CodecLimits
 from skills.errors import TensorCodecError
 
 __all__ = [
@@ -47,7 +48,6 @@ __all__ = [
     "quantize_int8",
 ]
 
-CODECS = ("fp32", "fp16", "int8")
 _DTYPES: dict[str, np.dtype[Any]] = {
     "fp32": np.dtype("<f4"),
     "fp16": np.dtype("<f2"),
@@ -63,43 +63,6 @@ _U32 = struct.Struct("<I")
 _FP16_MAX = float(np.finfo(np.float16).max)
 _QMIN, _QMAX = -128, 127
 _SMALLEST_SCALE = float(np.finfo(np.float32).tiny)
-
-
-@dataclass(frozen=True)
-class CodecLimits:
-    """Caps on one payload.
-
-    Attributes:
-        max_tensors: Most tensors.
-        max_elements: Most values over all tensors.
-        max_bytes: Largest encoded payload.
-        max_ndim: Most dimensions per tensor.
-        max_name_bytes: Longest tensor name (UTF-8).
-    """
-
-    max_tensors: int = 16
-    max_elements: int = 16 * 1024 * 1024
-    max_bytes: int = 64 * 1024 * 1024
-    max_ndim: int = 8
-    max_name_bytes: int = 256
-
-    def __post_init__(self) -> None:
-        """Check the caps are positive.
-
-        Raises:
-            ValueError: A cap is not positive.
-        """
-        for name in ("max_tensors", "max_elements", "max_bytes", "max_ndim", "max_name_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"CodecLimits.{name} must be positive")
-
-
-DEFAULT_LIMITS = CodecLimits()
-#: Largest ``InferRequest`` or ``InferResponse`` either side sends or accepts, on either
-#: transport (under the hub's 1 MiB gRPC receive cap and the broker's packet cap).
-MAX_INFER_BYTES = 1000 * 1024
-#: Caps on the tensors of one inference message: what fits in :data:`MAX_INFER_BYTES`.
-WIRE_LIMITS = CodecLimits(max_tensors=64, max_bytes=MAX_INFER_BYTES - 16 * 1024)
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, float, int]:

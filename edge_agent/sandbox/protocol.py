@@ -29,11 +29,12 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any
-
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any
 
 from edge_agent.errors import SandboxError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "INFER_PATHS",
@@ -79,6 +80,8 @@ class PipeProtocolError(SandboxError, ValueError):
 
 def _to_json(value: Any) -> Any:
     """``json.dumps``'s hook for what JSON cannot hold natively."""
+    import numpy as np  # noqa: PLC0415 - an idle agent (no skill) sends no array
+
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in _ARRAY_KINDS:
             raise PipeProtocolError(f"arrays of dtype {value.dtype} cannot be sent")
@@ -97,6 +100,8 @@ def _to_json(value: Any) -> Any:
 
 def _array_from_json(obj: dict[str, Any]) -> np.ndarray:
     """Rebuild an array, checking dtype, shape and byte count against each other."""
+    import numpy as np  # noqa: PLC0415 - only a running skill sends arrays
+
     try:
         dtype = np.dtype(obj[_ARRAY_KEY])
         shape = tuple(obj["shape"])
@@ -251,6 +256,8 @@ def parse_tail_reply(reply: Mapping[str, Any]) -> TailAnswer:
     plan_text = plan[:_MAX_NAME_CHARS] if isinstance(plan, str) else None
     if reply.get("ok") is not True or not isinstance(outputs, dict):
         return TailAnswer(None, str(reply.get("error", "refused"))[:4000], plan_text)
+    import numpy as np  # noqa: PLC0415 - only a split skill's control process reads replies
+
     arrays = {str(k): v for k, v in outputs.items() if isinstance(v, np.ndarray)}
     return TailAnswer(arrays, "", plan_text)
 
@@ -290,6 +297,8 @@ def parse_tail_request(message: Mapping[str, Any]) -> TailRequest:
     tensors = message.get("tensors")
     if not isinstance(tensors, dict) or not 0 < len(tensors) <= _MAX_TENSORS:
         raise PipeProtocolError(f"'tensors' must map 1 to {_MAX_TENSORS} names to arrays")
+    import numpy as np  # noqa: PLC0415 - only a split skill asks for tails
+
     for key, value in tensors.items():
         if len(key) > _MAX_NAME_CHARS or not isinstance(value, np.ndarray):
             raise PipeProtocolError(f"tensor {key[:_MAX_NAME_CHARS]!r} is not a named array")

@@ -23,8 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from edge_agent.split.link import LinkEstimator, RequestSample
 from edge_agent.split.planner import (
     DEFAULT_HYSTERESIS,
@@ -34,10 +32,12 @@ from edge_agent.split.planner import (
     plan,
 )
 from protos import pb
+from skills.codec_limits import DEFAULT_LIMITS, CodecLimits
 from skills.errors import TensorCodecError
-from skills.tensor_codec import DEFAULT_LIMITS, CodecLimits, decode_protos, encode_protos
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edge_agent.split.segments import PlanLike
     from skills.manifest import JointSpec, SplitSpec
 
@@ -199,6 +199,8 @@ class Route:
             names = given
         elif len(names) != len(given):
             raise TensorCodecError(f"{len(given)} outputs came back, {len(names)} expected")
+        from skills.tensor_codec import decode_protos  # noqa: PLC0415 - numpy: a split skill runs
+
         return decode_protos(list(response.outputs), list(names), self.settings.limits)
 
 
@@ -309,6 +311,8 @@ class SplitCoordinator(Route):
         cut = next((c for c in self._cuts if c.name == split), None)
         if cut is None:
             raise SplitRefused(f"model {self.model!r} has no cut {split[:64]!r}")
+        from skills.tensor_codec import encode_protos  # noqa: PLC0415 - numpy: a split skill runs
+
         try:
             protos = encode_protos(tensors, list(cut.tensors), self.codec, self.settings.limits)
         except TensorCodecError as exc:
@@ -383,6 +387,8 @@ class JointRoute(Route):
         if split != JOINT:
             raise SplitRefused(f"model {self.model!r} is a joint model; it has no cut {split!r}")
         names = sorted(tensors)
+        from skills.tensor_codec import encode_protos  # noqa: PLC0415 - numpy: a joint skill runs
+
         try:
             protos = encode_protos(tensors, names, _JOINT_CODEC, self.settings.limits)
         except TensorCodecError as exc:

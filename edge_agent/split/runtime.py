@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from edge_agent.errors import InferRefusedError, TransportError
 from edge_agent.sandbox.protocol import InferRecord, TailAnswer, TailRequest
-from edge_agent.split.device import load_plan
 from edge_agent.split.link import LinkEstimator, RequestSample
 from edge_agent.split.routes import (
     DEVICE,
@@ -192,6 +191,8 @@ class SplitRuntime:
         Raises:
             RuntimeBackendError: A split plan in the installed version does not load.
         """
+        from edge_agent.split.device import load_plan  # noqa: PLC0415 - numpy: a skill runs
+
         manifest = proc.manifest
         splits = {}
         for spec in manifest.splits:

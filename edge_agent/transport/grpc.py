@@ -18,7 +18,7 @@ from protos.errors import ProtocolError
 from protos.fetch import GRPC_STATUS_NAMES, FetchErrorCode
 from protos.pem import read_pem
 from protos.topics import INFER_ERROR_CODES, INFER_REFUSALS
-from skills.tensor_codec import MAX_INFER_BYTES
+from skills.codec_limits import MAX_INFER_BYTES
 
 _CHUNK_CAP = 4 * 1024 * 1024
 _CLOSE = object()

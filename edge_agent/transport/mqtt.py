@@ -46,7 +46,7 @@ from protos.topics import (
     STATUS_ONLINE,
     MqttEndpoint,
 )
-from skills.tensor_codec import MAX_INFER_BYTES
+from skills.codec_limits import MAX_INFER_BYTES
 
 __all__ = ["MqttAgentTransport"]
 

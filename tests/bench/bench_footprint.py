@@ -8,7 +8,10 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
 * ``idle_rss_mb``: the agent process started as the firmware images start it
   (``python -m edge_agent run --board <profile>`` on this machine: ``edgeskill agent run``'s
   options without Typer, Rich and Pydantic), enrolled over mTLS and connected to a real
-  hub, nothing deployed; median of samples over 5 s;
+  hub, nothing deployed, no input source; median of samples over 5 s;
+* ``idle_source_rss_mb``: the same with a replay source (``--source holdout.npz``): the
+  agent that then runs the skill, before the deployment (the source's arrays and numpy
+  are loaded at start);
 * ``running_rss_mb``: the agent and its skill process together while the digits skill
   runs the variant the profile picks (``skill_rss_mb`` and ``variant`` say which).
 
@@ -27,6 +30,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -140,14 +144,18 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
     return rows
 
 
-def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path) -> dict:  # type: ignore[type-arg]
-    device = f"fp-{profile}"
-    hub.store.create_group(f"g-{profile}", f"bench={profile}")
-    token = hub.enroller().create_claim({"bench": profile})
+def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: str,
+           source: Path | None) -> Any:  # fmt: skip
+    """Start an agent as the firmware images start it (a replay ``source`` added) and
+    wait until it has enrolled and registered; its process."""
+    # The bare idle agent stays out of the profile's group (bench=<profile>): not deployed to.
+    token = hub.enroller().create_claim({"bench": profile if source else "idle"})
     root = work / "hub" / "trust" / "metadata" / "root.json"
     args = agent_args(f"grpcs://127.0.0.1:{port}", device, [], work / device, root,
-                      work / "holdout.npz", profile)  # fmt: skip
-    args += ["--source-loop", "--source-rate", "50", "--claim-token", token,
+                      source, profile)  # fmt: skip
+    if source is not None:
+        args += ["--source-loop", "--source-rate", "50"]
+    args += ["--claim-token", token,
              "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
              "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
     # As firmware_images/common/edgeskill-agent starts it: the agent's own entry.
@@ -158,7 +166,19 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
         return record is not None and bool(record.profile)
 
     wait_until(registered, 120, f"{device} to register")
+    return agent
+
+
+def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path) -> dict:  # type: ignore[type-arg]
+    # Idle as the firmware starts it: no input source, so nothing that decodes inputs loads.
+    bare = f"fp-{profile}-idle"
+    agent = _spawn(hub, fleet, work, port, profile, bare, None)
     idle = sample(lambda: rss_mb(agent.pid))
+    fleet.stop(bare)
+    device = f"fp-{profile}"
+    hub.store.create_group(f"g-{profile}", f"bench={profile}")
+    agent = _spawn(hub, fleet, work, port, profile, device, work / "holdout.npz")
+    idle_source = sample(lambda: rss_mb(agent.pid))
     hub.store.create_deployment("digits", "1.0.0", f"g-{profile}", now_ms=now_ms())
 
     def served() -> bool:
@@ -176,6 +196,7 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
         "profile": profile,
         "install_mb": round(install_mb(profile, wheel), 1),
         "idle_rss_mb": round(idle, 1),
+        "idle_source_rss_mb": round(idle_source, 1),
         "running_rss_mb": round(running, 1),
         "agent_running_rss_mb": round(agent_running, 1),
         "skill_rss_mb": round(running - agent_running, 1),

@@ -16,6 +16,19 @@ HEAVY = ("torch", "fastapi", "sqlalchemy", "cloud", "converters", "onnx", "starl
 RUNTIMES = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime", "acl")
 #: Typer (and what it brings: Click, Rich, Pydantic) and the other commands of ``edgeskill``.
 CLI_FRAMEWORK = ("typer", "click", "rich", "pydantic", "pydantic_core", "edgeskill")
+#: Loaded only once there is work: numpy (~12 MB) with a skill or an input source, the
+#: tensor codec and the drift statistics with it; prometheus_client (and its HTTP server)
+#: with ``--metrics-bind``. An idle agent has none of them.
+IDLE_DEFERRED = ("numpy", "prometheus_client")
+IDLE_DEFERRED_MODULES = (
+    "skills.tensor_codec",
+    "skills.drift_reference",
+    "skills.drift_stats",
+    "edge_agent.adapters",
+    "edge_agent.media",
+    "edge_agent.drift",
+    "edge_agent.split.device",
+)
 
 PROBE = """
 import json, sys
@@ -36,7 +49,7 @@ def test_agent_import_closure_has_no_heavy_dependencies() -> None:
 
 
 # What `python -m edge_agent run` (the firmware's entry) has loaded once its options are
-# parsed and its start-up path imported, up to where it would connect.
+# parsed and its start-up path imported, up to where it would connect (the gRPC transport).
 ENTRY_PROBE = """
 import json, sys
 import edge_agent.cli as cli
@@ -44,18 +57,22 @@ args = cli.parser().parse_args(["run", "--hub", "grpcs://hub:7443", "--device-id
 config = cli._config(args)
 from edge_agent.startup_checks import check_run_config
 from edge_agent.wiring import run_agent
-print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))
+import edge_agent.transport.grpc
+print(json.dumps(sorted(sys.modules)))
 """
 
 
-def test_the_agents_entry_loads_no_runtime_and_no_cli_framework() -> None:
+def test_the_agents_entry_loads_no_runtime_no_cli_framework_and_no_numpy() -> None:
     out = subprocess.run(
         [sys.executable, "-c", ENTRY_PROBE], capture_output=True, text=True, check=True
     ).stdout
-    loaded = set(json.loads(out))
+    modules = set(json.loads(out))
+    loaded = {m.split(".")[0] for m in modules}
     assert {"edge_agent", "grpc"} <= loaded  # the probe did reach the start-up path
-    unwanted = {*HEAVY, *RUNTIMES, *CLI_FRAMEWORK}
+    assert "edge_agent.transport.grpc" in modules
+    unwanted = {*HEAVY, *RUNTIMES, *CLI_FRAMEWORK, *IDLE_DEFERRED}
     assert not loaded & unwanted, sorted(loaded & unwanted)
+    assert not modules & set(IDLE_DEFERRED_MODULES), sorted(modules & set(IDLE_DEFERRED_MODULES))
 
 
 def test_agent_cli_help_works_without_the_hub() -> None:
