@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument
 
-from edge_agent.cli import quiet_native_logs, run_until_signal, setup_logging
+from edge_agent.cli import INSECURE_BANNER
 
 if TYPE_CHECKING:
     from cloud.models import ModelFactory
@@ -44,10 +44,8 @@ MetricsBindOpt = Annotated[
 
 
 def _warn_insecure() -> None:
-    console.print(
-        "[bold red]WARNING: INSECURE MODE.[/] No TLS and no device identities: anyone who "
-        "reaches this port can act as any device. Use it only on a closed test network."
-    )
+    head, _, rest = INSECURE_BANNER.partition(". ")  # the agent's entry prints the same words
+    console.print(f"[bold red]{head}.[/] {rest}")
 
 
 def _labels(items: list[str] | None) -> dict[str, str]:
@@ -56,12 +54,6 @@ def _labels(items: list[str] | None) -> dict[str, str]:
         print_error("labels are k=v")
         raise typer.Exit(2)
     return labels
-
-
-# One copy for every command and for the agent's own entry (``python -m edge_agent``).
-_quiet_native_logs = quiet_native_logs
-_setup_logging = setup_logging
-_run_until_signal = run_until_signal
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 import typer.main
 
+from edge_agent.cli import quiet_native_logs
 from edgeskill import cli_broker as broker_cli
 from edgeskill import cli_console as console_cli
 from edgeskill import cli_deploy as deploy_cli
@@ -27,7 +28,6 @@ from edgeskill import cli_try
 from edgeskill._common import (
     MetricsBindOpt,
     _labels,
-    _quiet_native_logs,
     _warn_insecure,
     console,
     print_error,
@@ -258,7 +258,7 @@ def build_command() -> Any:
 
 def main() -> None:
     """Entry point of the ``edgeskill`` command."""
-    _quiet_native_logs(verbose="--verbose" in sys.argv[1:])
+    quiet_native_logs(verbose="--verbose" in sys.argv[1:])
     build_command()()
 
 

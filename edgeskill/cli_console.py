@@ -16,12 +16,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from edge_agent.cli import run_until_signal, setup_logging
 from edgeskill._common import (
     DEFAULT_HOME,
     HomeOpt,
     _fleet,
-    _run_until_signal,
-    _setup_logging,
     _warn_insecure,
     audited,
     console,
@@ -55,7 +54,7 @@ def console_serve(
     from cloud.console.server import start_console  # noqa: PLC0415
     from cloud.errors import ValidationError  # noqa: PLC0415
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     if insecure:
         _warn_insecure()
     with _fleet(home) as fleet:
@@ -71,7 +70,7 @@ def console_serve(
                 await server.stop()
 
         try:
-            _run_until_signal(main)
+            run_until_signal(main)
         except (ValidationError, OSError) as exc:
             print_error(str(exc))
             raise typer.Exit(2) from exc

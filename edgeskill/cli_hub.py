@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from edge_agent.cli import run_until_signal, setup_logging
 from edgeskill._common import (
     DEFAULT_HOME,
     HomeOpt,
@@ -21,8 +22,6 @@ from edgeskill._common import (
     _audit_log,
     _fleet,
     _labels,
-    _run_until_signal,
-    _setup_logging,
     _warn_insecure,
     audited,
     console,
@@ -245,7 +244,7 @@ def hub_serve(
     from cloud.hub_config import CONFIG_FILE, plan_serve  # noqa: PLC0415
     from cloud.presence import heartbeat_seconds  # noqa: PLC0415
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     try:  # before the home is opened, so a refused serve changes nothing
         heartbeat_s = heartbeat_seconds(heartbeat)
         tls = _tls_files(tls_cert, tls_key, client_ca)
@@ -258,7 +257,7 @@ def hub_serve(
     with _hub(home) as hub:
         if insecure or hub.config.insecure:
             _warn_insecure()
-        _run_until_signal(
+        run_until_signal(
             lambda stop: hub.serve(
                 stop,
                 grpc_bind,
