@@ -22,6 +22,7 @@ from typing import Any
 
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError, TransportError
+from edge_agent.tuf_imports import skip_http_fetcher
 from skills.errors import SkillError
 
 __all__ = [
@@ -115,6 +116,7 @@ def run_command(config: AgentConfig, *, verbose: bool, on_error: Callable[[str],
         0 after a signal stopped the agent; 2 when the settings, the hub or a skill
         refused it (said through ``on_error``).
     """
+    skip_http_fetcher()  # before python-tuf's client is imported: no urllib3 (~3 MB)
     from edge_agent.startup_checks import check_run_config  # noqa: PLC0415 - after logging
     from edge_agent.wiring import run_agent  # noqa: PLC0415 - after quiet_native_logs
 
@@ -202,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``python -m edge_agent run ...``; the exit status (2: refused, as argparse)."""
     args = parser().parse_args(argv)
     quiet_native_logs(args.verbose)
+    skip_http_fetcher()  # before _config's checks import python-tuf's client
     if args.insecure:
         sys.stdout.write(INSECURE_BANNER + "\n")
     try:

@@ -43,6 +43,18 @@ __all__ = ["MARKER", "InstallStore", "InstalledSkill"]
 
 
 InstallFn = Callable[[Path, Path], object]
+
+
+def _install_bundle(bundle: Path, dest: Path) -> object:
+    """Install with :func:`skills.bundle.install_bundle`, imported at the first install.
+
+    An agent with nothing to install never loads tarfile, gzip and the bundle reader.
+    """
+    from skills.bundle import install_bundle  # noqa: PLC0415
+
+    return install_bundle(bundle, dest)
+
+
 StepHook = Callable[[str], None]
 
 
@@ -87,13 +99,9 @@ class InstallStore:
         *,
         step_hook: StepHook | None = None,
     ) -> None:
-        if install_fn is None:
-            from skills.bundle import install_bundle  # noqa: PLC0415 - only when needed
-
-            install_fn = install_bundle
         self._root = root
         self._skills = root / "skills"
-        self._install_fn = install_fn
+        self._install_fn = install_fn or _install_bundle
         self._hook: StepHook = step_hook or (lambda _step: None)
         self._lock = threading.RLock()
         try:

@@ -37,7 +37,6 @@ estimate lean low, the cautious side.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -142,7 +141,8 @@ class _Tracker:
         self._recent.append(sample)
         ordered = sorted(self._recent)
         trim = len(ordered) // 4
-        middle = statistics.fmean(ordered[trim : len(ordered) - trim])
+        kept = ordered[trim : len(ordered) - trim]
+        middle = math.fsum(kept) / len(kept)  # not statistics: it loads decimal (0.4 MB)
         if self._last is None or len(self._recent) < self._window:
             # Warming up: the prior is a guess, so the first window of samples rules.
             self.value, self._last = middle, max(now, self._last or now)

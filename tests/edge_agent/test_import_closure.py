@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("torch", "fastapi", "sqlalchemy", "cloud", "converters", "onnx", "starlette")
 #: Model runtimes: only a skill's control process loads one.
@@ -20,7 +21,17 @@ CLI_FRAMEWORK = ("typer", "click", "rich", "pydantic", "pydantic_core", "edgeski
 #: tensor codec and the drift statistics with it; prometheus_client (and its HTTP server)
 #: with ``--metrics-bind``. An idle agent has none of them.
 IDLE_DEFERRED = ("numpy", "prometheus_client")
+#: Never in the agent: python-tuf's HTTP fetcher and what it brings (the agent fetches
+#: TUF files over its hub connection; ``edge_agent.tuf_imports``).
+NO_HTTP = ("urllib3", "http")
 IDLE_DEFERRED_MODULES = (
+    # Loaded at the first install: the bundle reader, tarfile and gzip.
+    "skills.bundle",
+    "skills.archive",
+    "tarfile",
+    # The link estimator's trimmed mean is plain arithmetic: no statistics, no decimal.
+    "statistics",
+    "decimal",
     "skills.tensor_codec",
     "skills.drift_reference",
     "skills.drift_stats",
@@ -54,6 +65,7 @@ ENTRY_PROBE = """
 import json, sys
 import edge_agent.cli as cli
 args = cli.parser().parse_args(["run", "--hub", "grpcs://hub:7443", "--device-id", "cam-1"])
+assert cli.skip_http_fetcher()  # as cli.main, before _config's checks
 config = cli._config(args)
 from edge_agent.startup_checks import check_run_config
 from edge_agent.wiring import run_agent
@@ -70,7 +82,7 @@ def test_the_agents_entry_loads_no_runtime_no_cli_framework_and_no_numpy() -> No
     loaded = {m.split(".")[0] for m in modules}
     assert {"edge_agent", "grpc"} <= loaded  # the probe did reach the start-up path
     assert "edge_agent.transport.grpc" in modules
-    unwanted = {*HEAVY, *RUNTIMES, *CLI_FRAMEWORK, *IDLE_DEFERRED}
+    unwanted = {*HEAVY, *RUNTIMES, *CLI_FRAMEWORK, *IDLE_DEFERRED, *NO_HTTP}
     assert not loaded & unwanted, sorted(loaded & unwanted)
     assert not modules & set(IDLE_DEFERRED_MODULES), sorted(modules & set(IDLE_DEFERRED_MODULES))
 
@@ -88,3 +100,25 @@ def test_agent_cli_help_works_without_the_hub() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+def test_the_agents_entry_never_imports_an_http_library(tmp_path: Path) -> None:
+    # The real entry, up to its first refusal (not enrolled): by then it has imported
+    # python-tuf's client, and the stand-in kept urllib3 and http.client out.
+    argv = ["-X", "importtime", "-m", "edge_agent", "run", "--hub", "grpcs://hub:7443"]
+    done = subprocess.run(
+        [sys.executable, *argv, "--device-id", "cam-1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "not enrolled" in done.stderr
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "tuf.ngclient.updater" in imported
+    assert not {m for m in imported if m.split(".")[0] in NO_HTTP}, sorted(imported)
