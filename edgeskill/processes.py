@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,16 +48,20 @@ class Fleet:
         """
         return self.spawn(name, [sys.executable, "-m", "edgeskill.cli", *args])
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start any program (``argv[0]``, a path) as a child named ``name``, logging to a file.
+
+        ``env`` adds to (or overrides) this process's environment.
 
         Raises:
             OSError: the program could not be started.
         """
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{name}.log").open("ab") as log:
-            env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+            full = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
+            proc = subprocess.Popen(argv, stdout=log, stderr=log, env=full)
         self.procs[name] = proc
         return proc
 

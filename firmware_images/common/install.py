@@ -11,6 +11,7 @@ Usage: ``python3 install.py [--root /]``
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import json
 import shutil
@@ -61,6 +62,20 @@ def unpack(wheel: Path, lib: Path) -> None:
                 target.chmod(mode)
 
 
+def compile_bytecode(lib: Path) -> None:
+    """Compile every module under ``lib`` once, now, with this interpreter.
+
+    Otherwise the first start writes them into ``lib`` (a read-only root filesystem, or
+    ``PYTHONDONTWRITEBYTECODE``, means every start), compiling every module from source:
+    a slower boot on a small board, and about 4 MB more resident memory for the life of
+    that process (measured on x86_64: the compiler's garbage leaves the heap fragmented).
+    The files are named for this interpreter's version (``__pycache__/*.cpython-311.pyc``);
+    a device whose Python differs ignores them. A file that does not compile (some
+    packages ship test data as .py) is skipped: it fails only if something imports it.
+    """
+    compileall.compile_dir(str(lib), quiet=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Install the EdgeSkill agent bundle.")
     parser.add_argument("--root", type=Path, default=Path("/"))
@@ -74,6 +89,7 @@ def main() -> None:
     wheels = verify(HERE / "wheelhouse", HERE / meta["lock"])
     for wheel in [*wheels, HERE / "wheelhouse" / meta["agent_wheel"]]:
         unpack(wheel, lib)
+    compile_bytecode(lib)
     bin_dir = root / "opt" / "edgeskill" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for script in ("edgeskill-agent", "edgeskill-firstboot"):

@@ -102,6 +102,10 @@ def test_arm64_bundle_with_wheelhouse_installs_into_a_root(tmp_path: Path) -> No
     for package in ("edge_agent", "skills", "protos", "ai_edge_litert", "onnxruntime", "grpc"):
         assert (lib / package).is_dir(), package
     assert list((lib / "numpy" / "_core").glob("*aarch64-linux-gnu.so"))
+    # Compiled at install: the agent's user cannot write there, so it would compile each start.
+    tag = sys.implementation.cache_tag
+    assert (lib / "edge_agent" / "__pycache__" / f"agent.{tag}.pyc").is_file()
+    assert (lib / "grpc" / "__pycache__" / f"__init__.{tag}.pyc").is_file()
     wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants"
     assert os.readlink(wants / "edgeskill-agent.service") == (
         "/etc/systemd/system/edgeskill-agent.service"
