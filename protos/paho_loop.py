@@ -16,20 +16,91 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import struct
 from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt import _packet
+from paho.mqtt.enums import MessageState, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.exception import MalformedPacket
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 __all__ = ["LeanClient", "PahoLoop"]
 
 _MISC_INTERVAL_S = 1.0
 #: Bytes taken off the socket per read; paho then parses packets out of them.
 _READ_CHUNK = 256 * 1024
+_U16 = struct.Struct("!H")
+_PUBLISH = 0x30
+#: The slot of ``MQTTMessage.info``, which :class:`_Received` fills on first use.
+_SLOT_INFO: Any = vars(mqtt.MQTTMessage)["info"]
+
+
+class _Received(mqtt.MQTTMessage):
+    """An incoming message whose :class:`~paho.mqtt.client.MQTTMessageInfo` is made on first use.
+
+    paho gives every message it receives an info object (a ``threading.Condition``
+    inside) that only a publisher waits on; a fifth of the cost of receiving one.
+    """
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def info(self) -> mqtt.MQTTMessageInfo:
+        try:
+            info: mqtt.MQTTMessageInfo = _SLOT_INFO.__get__(self)
+        except AttributeError:
+            info = mqtt.MQTTMessageInfo(self.mid)
+            _SLOT_INFO.__set__(self, info)
+        return info
+
+    @info.setter
+    def info(self, value: mqtt.MQTTMessageInfo) -> None:
+        _SLOT_INFO.__set__(self, value)
+
+
+def _received(mid: int, topic: bytes) -> _Received:
+    """``MQTTMessage(mid, topic)`` without running its constructor (which makes the info)."""
+    msg = _Received.__new__(_Received)
+    msg.timestamp = 0.0
+    msg.state = MessageState.MQTT_MS_INVALID
+    msg.dup = False
+    msg.mid = mid
+    msg._topic = topic
+    msg.payload = b""
+    msg.qos = 0
+    msg.retain = False
+    msg.properties = None
+    return msg
+
+
+_NO_PROPERTIES = Properties(PacketTypes.PUBLISH)
+
+
+def _no_properties() -> Properties:
+    """An empty PUBLISH ``Properties``, as paho would build, without rebuilding its tables.
+
+    ``Properties.__init__`` builds three lookup tables that no method changes; the
+    copy shares them, and gets its own attributes as properties are set.
+    """
+    props: Properties = Properties.__new__(Properties)
+    props.__dict__.update(_NO_PROPERTIES.__dict__)
+    return props
+
+
+class _Unwatched:
+    """Stands in for a publish's :class:`~paho.mqtt.client.MQTTMessageInfo` nobody keeps."""
+
+    __slots__ = ()
+
+    def _set_as_published(self) -> None:
+        pass
 
 
 class LeanClient(mqtt.Client):
-    """A paho client with two costs of its read path taken out.
+    """A paho client with the costs of its message path taken out.
 
     * paho reads every packet with two or three ``recv`` calls (the type byte, the
       length, the body); this client takes whatever the socket holds in one call
@@ -37,9 +108,15 @@ class LeanClient(mqtt.Client):
     * paho matches every message's topic against the filters of
       ``message_callback_add`` even when there are none (a tenth of a hub's
       time under load); this client has none and calls ``on_message`` directly.
+    * paho decodes an MQTT 5 PUBLISH through a generic properties parser that
+      rebuilds its lookup tables for every message, and gives each message a
+      thread condition for publishers to wait on; this client builds the same
+      message with the tables shared and the condition made only if asked for.
+    * :meth:`publish_at_most_once` sends a QoS 0 message without the
+      :class:`~paho.mqtt.client.MQTTMessageInfo` nobody waits on.
 
-    Both override private methods of the pinned paho-mqtt 2.2, whose behaviour
-    the transports' tests exercise end to end.
+    They override private methods of the pinned paho-mqtt 2.2; the tests in
+    ``tests/protos/test_paho_lean.py`` compare them with paho's own.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -65,6 +142,77 @@ class LeanClient(mqtt.Client):
             with self._in_callback_mutex:
                 on_message(self, self._userdata, message)
 
+    def publish_at_most_once(self, topic: str, payload: bytes) -> MQTTErrorCode:
+        """Send ``payload`` at QoS 0, not retained, without properties; the return code.
+
+        The packet is the one ``publish(topic, payload, qos=0)`` sends and
+        ``on_publish`` still fires once it is written, but nothing is returned to
+        wait on.
+
+        Raises:
+            ValueError: the topic holds a wildcard or is too long, or the payload is
+                too large.
+        """
+        topic_bytes = topic.encode()
+        self._raise_for_invalid_topic(topic_bytes)
+        if len(payload) > 268_435_455:
+            raise ValueError("Payload too large.")
+        mid = self._mid_generate()
+        if self._sock is None:
+            return MQTTErrorCode.MQTT_ERR_NO_CONN
+        v5 = self._protocol == MQTTProtocolVersion.MQTTv5
+        packet = bytearray((_PUBLISH,))
+        self._pack_remaining_length(packet, 2 + len(topic_bytes) + v5 + len(payload))
+        packet += _U16.pack(len(topic_bytes))
+        packet += topic_bytes
+        if v5:
+            packet.append(0)  # no properties
+        packet += payload
+        if self._logger is not None or self.on_log is not None:
+            self._easy_log(
+                mqtt.MQTT_LOG_DEBUG,
+                "Sending PUBLISH (d0, q0, r0, m%d), '%s', ... (%d bytes)",
+                mid,
+                topic_bytes,
+                len(payload),
+            )
+        return self._packet_queue(_PUBLISH, packet, mid, 0, _Unwatched())  # type: ignore[arg-type]
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        if self._protocol != MQTTProtocolVersion.MQTTv5:
+            return super()._handle_publish()
+        header: int = self._in_packet["command"]
+        message = _decode_publish(header, self._in_packet["packet"])
+        if self._logger is not None or self.on_log is not None:
+            self._easy_log(
+                mqtt.MQTT_LOG_DEBUG,
+                "Received PUBLISH (d%d, q%d, r%d, m%d), '%s', properties=%s, ...  (%d bytes)",
+                message.dup,
+                message.qos,
+                message.retain,
+                message.mid,
+                _printable(message._topic),
+                message.properties,
+                len(message.payload),
+            )
+        message.timestamp = mqtt.time_func()
+        qos = message.qos
+        if qos == 0:
+            self._handle_on_message(message)
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
+        if qos == 1:
+            self._handle_on_message(message)
+            if self._manual_ack:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            return self._send_puback(message.mid)
+        if qos == 2:
+            rc = self._send_pubrec(message.mid)
+            message.state = MessageState.MQTT_MS_WAIT_FOR_PUBREL
+            with self._in_message_mutex:
+                self._in_messages[message.mid] = message
+            return rc
+        return MQTTErrorCode.MQTT_ERR_PROTOCOL
+
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._rbuf_of is not self._sock:  # a new connection: nothing of the old one
             self._rbuf.clear()
@@ -77,6 +225,44 @@ class LeanClient(mqtt.Client):
         out = bytes(self._rbuf[:bufsize])
         del self._rbuf[:bufsize]
         return out
+
+
+def _decode_publish(header: int, packet: bytes | bytearray) -> mqtt.MQTTMessage:
+    """An MQTT 5 PUBLISH as paho's ``decode_publish`` reads it, as paho's message.
+
+    Raises:
+        MalformedPacket: the packet is cut short or its properties are malformed.
+    """
+    qos = (header & 0x06) >> 1
+    try:
+        (topic_len,) = _U16.unpack_from(packet, 0)
+        pos = 2 + topic_len
+        if pos > len(packet):
+            raise MalformedPacket("topic longer than the packet")
+        message = _received(0, bytes(packet[2:pos]))
+        if qos > 0:
+            (message.mid,) = _U16.unpack_from(packet, pos)
+            pos += 2
+        if packet[pos] == 0:  # no properties, the usual case
+            message.properties = _no_properties()
+            pos += 1
+        else:
+            props = message.properties = Properties(PacketTypes.PUBLISH)
+            pos += props.unpack(bytes(packet[pos:]))[1]  # bytes values, as paho gives
+    except _packet.DECODE_ERRORS as err:
+        raise MalformedPacket(str(err)) from err
+    message.dup = header & 0x08 != 0
+    message.qos = qos
+    message.retain = header & 0x01 != 0
+    message.payload = bytes(packet[pos:])
+    return message
+
+
+def _printable(topic: bytes) -> str:
+    try:
+        return topic.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"TOPIC WITH INVALID UTF-8: {topic!r}"
 
 
 class PahoLoop:

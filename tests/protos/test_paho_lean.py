@@ -1,0 +1,210 @@
+"""LeanClient's own PUBLISH paths against paho's: the same messages, replies and packets."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from protos.paho_loop import LeanClient
+
+TOPIC = "es/dev/d-1/up/telemetry"
+
+
+def _properties(**values: Any) -> Properties:
+    props = Properties(PacketTypes.PUBLISH)
+    for name, value in values.items():
+        setattr(props, name, value)
+    return props
+
+
+def _client(cls: type[mqtt.Client], protocol: mqtt.MQTTProtocolVersion) -> mqtt.Client:
+    client = cls(CallbackAPIVersion.VERSION2, client_id="lean-test", protocol=protocol)
+    # A socket paho thinks it writes to later: queued packets stay in _out_packet.
+    client._sock = socket.socket()
+    client.on_socket_register_write = lambda *_a: None
+    return client
+
+
+def _wire(
+    protocol: mqtt.MQTTProtocolVersion,
+    qos: int,
+    *,
+    retain: bool = False,
+    payload: bytes = b"body",
+    topic: str = TOPIC,
+    props: Properties | None = None,
+) -> tuple[int, bytes]:
+    """A PUBLISH as the broker would send it: its first byte and what follows the length."""
+    sender = _client(mqtt.Client, protocol)
+    try:
+        sender.publish(topic, payload, qos=qos, retain=retain, properties=props)
+        packet = bytes(sender._out_packet[0]["packet"])
+    finally:
+        sender._sock.close()  # type: ignore[union-attr]
+    length_bytes = 1
+    while packet[length_bytes] & 0x80:
+        length_bytes += 1
+    return packet[0], packet[1 + length_bytes :]
+
+
+def _receive(
+    cls: type[mqtt.Client], protocol: mqtt.MQTTProtocolVersion, header: int, body: bytes
+) -> tuple[Any, list[mqtt.MQTTMessage], list[bytes], dict[int, mqtt.MQTTMessage]]:
+    client = _client(cls, protocol)
+    got: list[mqtt.MQTTMessage] = []
+    client.on_message = lambda _c, _u, msg: got.append(msg)
+    client._in_packet["command"] = header
+    client._in_packet["packet"] = bytearray(body)
+    rc: object
+    try:
+        rc = client._handle_publish()
+    except Exception as exc:
+        rc = type(exc)
+    sent = [bytes(p["packet"]) for p in client._out_packet]
+    client._sock.close()  # type: ignore[union-attr]
+    return rc, got, sent, dict(client._in_messages)
+
+
+def _fields(msg: mqtt.MQTTMessage) -> dict[str, Any]:
+    props = msg.properties
+    return {
+        "topic": msg.topic,
+        "payload": (type(msg.payload), bytes(msg.payload)),
+        "qos": msg.qos,
+        "retain": msg.retain,
+        "dup": msg.dup,
+        "mid": msg.mid,
+        "state": msg.state,
+        "info": (type(msg.info), msg.info.mid, msg.info.rc),
+        "properties": None if props is None else (type(props), props.json(), props.packetType),
+    }
+
+
+CASES = [
+    pytest.param(0, {}, id="qos0"),
+    pytest.param(1, {}, id="qos1"),
+    pytest.param(2, {}, id="qos2"),
+    pytest.param(1, {"retain": True}, id="retained"),
+    pytest.param(0, {"payload": b""}, id="empty-payload"),
+    pytest.param(1, {"payload": bytes(range(256)) * 600}, id="big-payload"),
+    pytest.param(
+        1,
+        {
+            "props": _properties(
+                ResponseTopic="es/dev/d-1/down/fetch",
+                CorrelationData=b"\x00\x01corr",
+                UserProperty=[("window", "4"), ("window", "8")],
+                ContentType="application/x-protobuf",
+            )
+        },
+        id="properties",
+    ),
+    pytest.param(0, {"props": _properties(MessageExpiryInterval=30)}, id="expiry"),
+]
+
+
+@pytest.mark.parametrize(("qos", "extra"), CASES)
+@pytest.mark.parametrize("dup", [False, True])
+def test_publish_read_as_paho_reads_it(qos: int, extra: dict[str, Any], dup: bool) -> None:
+    header, body = _wire(mqtt.MQTTv5, qos, **extra)
+    header |= 0x08 if dup else 0
+    paho = _receive(mqtt.Client, mqtt.MQTTv5, header, body)
+    lean = _receive(LeanClient, mqtt.MQTTv5, header, body)
+    assert lean[0] == paho[0]  # return code
+    assert [_fields(m) for m in lean[1]] == [_fields(m) for m in paho[1]]
+    assert lean[2] == paho[2]  # PUBACK or PUBREC sent
+    assert {k: _fields(m) for k, m in lean[3].items()} == {
+        k: _fields(m) for k, m in paho[3].items()
+    }
+    if qos == 2:  # held for the PUBREL, not delivered yet
+        assert not lean[1] and list(lean[3]) == [lean[3][next(iter(lean[3]))].mid]
+    else:
+        assert len(lean[1]) == 1
+        assert isinstance(lean[1][0], mqtt.MQTTMessage)
+
+
+def test_properties_of_a_received_message_are_its_own() -> None:
+    header, body = _wire(mqtt.MQTTv5, 0)
+    _, (first,), _, _ = _receive(LeanClient, mqtt.MQTTv5, header, body)
+    _, (second,), _, _ = _receive(LeanClient, mqtt.MQTTv5, header, body)
+    assert first.properties is not None and second.properties is not None
+    first.properties.ResponseTopic = "x/y"
+    assert not hasattr(second.properties, "ResponseTopic")
+    assert second.properties.isEmpty()
+    assert first.info is first.info  # made once, then kept
+
+
+def test_mqtt_311_messages_take_paho_s_own_path() -> None:
+    header, body = _wire(mqtt.MQTTv311, 1, retain=True)
+    paho = _receive(mqtt.Client, mqtt.MQTTv311, header, body)
+    lean = _receive(LeanClient, mqtt.MQTTv311, header, body)
+    assert [_fields(m) for m in lean[1]] == [_fields(m) for m in paho[1]]
+    assert lean[2] == paho[2]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\x00",
+        b"\x00\x09es/d",  # topic longer than the packet
+        b"\x00\x02es",  # no properties length
+        b"\x00\x02es\x05\x01",  # properties longer than the packet
+    ],
+)
+@pytest.mark.parametrize("qos", [0, 1])
+def test_malformed_publish_refused_as_paho_refuses_it(body: bytes, qos: int) -> None:
+    header = 0x30 | qos << 1
+    paho = _receive(mqtt.Client, mqtt.MQTTv5, header, body)
+    lean = _receive(LeanClient, mqtt.MQTTv5, header, body)
+    assert lean[0] == paho[0]
+    assert lean[1] == paho[1] == []
+
+
+@pytest.mark.parametrize("protocol", [mqtt.MQTTv5, mqtt.MQTTv311])
+@pytest.mark.parametrize("payload", [b"", b"ack", bytes(300)])
+def test_publish_at_most_once_sends_paho_s_packet(
+    protocol: mqtt.MQTTProtocolVersion, payload: bytes
+) -> None:
+    header, body = _wire(protocol, 0, payload=payload)
+    lean = _client(LeanClient, protocol)
+    published: list[int] = []
+    lean.on_publish = lambda _c, _u, mid, _rc, _p: published.append(mid)
+    try:
+        assert isinstance(lean, LeanClient)
+        assert lean.publish_at_most_once(TOPIC, payload) == mqtt.MQTT_ERR_SUCCESS
+        (queued,) = lean._out_packet
+        assert queued["qos"] == 0
+        assert bytes(queued["packet"]).endswith(body)
+        assert bytes(queued["packet"])[0] == header
+        # written: on_publish fires with the message id, as for publish(qos=0)
+        lean._sock, sock = FakeSocket(), lean._sock  # type: ignore[assignment]
+        lean.loop_write()
+        assert published == [queued["mid"]]
+        sock.close()  # type: ignore[union-attr]
+    finally:
+        lean._sock = None
+
+
+def test_publish_at_most_once_without_a_connection_or_with_a_wildcard() -> None:
+    lean = LeanClient(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    assert lean.publish_at_most_once(TOPIC, b"x") == mqtt.MQTT_ERR_NO_CONN
+    with pytest.raises(ValueError, match="wildcards"):
+        lean.publish_at_most_once("es/+/x", b"x")
+
+
+class FakeSocket:
+    """Takes every byte written to it."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+
+    def send(self, data: bytes) -> int:
+        self.sent += data
+        return len(data)
