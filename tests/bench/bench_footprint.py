@@ -5,10 +5,17 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
 * ``install_mb``: the agent's dependency set for the profile's architecture, installed:
   the uncompressed size of every wheel in ``firmware_images/locks/<profile>.lock`` plus
   the agent's own wheel (wheels are downloaded once into .build/firmware/wheels);
-* ``idle_rss_mb``: the agent process started as the firmware images start it
-  (``python -m edge_agent run --board <profile>`` on this machine: ``edgeskill agent run``'s
-  options without Typer, Rich and Pydantic), enrolled over mTLS and connected to a real
-  hub, nothing deployed, no input source; median of samples over 5 s;
+* ``idle_rss_mb``: the agent installed and started as the firmware images do it: the
+  lock's wheels of the target whose architecture is this machine's (x86-gateway on
+  x86_64) and the agent's wheel unpacked and compiled by
+  ``firmware_images/common/install.py``'s own code, run as ``python -m edge_agent run
+  --board <profile>`` by a bare interpreter (a virtual environment with no packages)
+  with that folder on ``PYTHONPATH``; restarted after its enrolment, as at every boot
+  but the first, connected over mTLS to a real hub, nothing deployed, no input source;
+  median of samples over 5 s (``idle_from`` says which install ran; without a lock for
+  this architecture, this checkout's environment);
+* ``idle_first_boot_rss_mb``: the same agent at its first boot, which enrolled (a key, a
+  CSR and a second TLS channel) in the process that then stays idle;
 * ``idle_source_rss_mb``: the same with a replay source (``--source holdout.npz``): the
   agent that then runs the skill, before the deployment (the source's arrays and numpy
   are loaded at start);
@@ -23,8 +30,12 @@ EdgeCore runs in about 70 MB). Writes ``tests/bench/results/footprint.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +57,8 @@ from edgeskill.processes import Fleet, agent_args, wait_for_port, wait_until  # 
 from protos.envelope import now_ms  # noqa: E402
 
 RESULTS = REPO / "tests" / "bench" / "results" / "footprint.json"
+#: How a firmware-like install is started: the interpreter command and its environment.
+Installed = tuple[list[str], dict[str, str]] | None
 WHEELS = REPO / ".build" / "firmware" / "footprint-wheels"
 
 
@@ -61,6 +74,40 @@ def install_mb(profile: str, agent_wheel: Path) -> float:
         with zipfile.ZipFile(wheel) as archive:
             total += sum(info.file_size for info in archive.infolist())
     return total / 2**20
+
+
+def firmware_install(work: Path, agent_wheel: Path) -> tuple[list[str], dict[str, str]] | None:
+    """The agent as a firmware image installs it on this machine's architecture.
+
+    Returns:
+        The interpreter command and environment that start it, or None when no target's
+        lock is for this machine (then the agent runs from this checkout's environment).
+    """
+    machine, python = platform.machine(), ".".join(platform.python_version_tuple()[:2])
+    target = next(
+        (t for t in TARGETS if (r := load_recipe(t)).arch == machine and r.python == python),
+        None,
+    )
+    if target is None:
+        return None
+    spec = importlib.util.spec_from_file_location(
+        "fw_install", FIRMWARE_DIR / "common" / "install.py"
+    )
+    assert spec is not None and spec.loader is not None
+    installer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(installer)
+    lock_path = FIRMWARE_DIR / "locks" / f"{target}.lock"
+    house = WHEELS / target
+    house.mkdir(parents=True, exist_ok=True)
+    download_wheels(load_recipe(target), lock_path, house, lambda _: None)
+    lib = work / "firmware-lib"
+    for wheel in parse_lock(lock_path.read_text(), target).wheels:
+        installer.unpack(house / wheel.filename, lib)
+    installer.unpack(agent_wheel, lib)
+    installer.compile_bytecode(lib)
+    bare = work / "bare-python"  # no site-packages of its own, as a device's system Python
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    return [str(bare / "bin" / "python")], {"PYTHONPATH": str(lib)}
 
 
 def rss_mb(pid: int) -> float:
@@ -127,6 +174,7 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
         from edgeskill.firmware_build import _agent_wheel  # noqa: PLC0415
 
         agent_wheel = _agent_wheel(work / "agentwheel", lambda _: None)
+        installed = firmware_install(work, agent_wheel)
         port = free_port_pair()
         home = work / "hub"
         hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}")
@@ -137,7 +185,7 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
             wait_for_port(port)
             for profile in profiles:
                 console.print(f"measuring {profile}")
-                rows.append(_one(profile, hub, fleet, work, port, agent_wheel))
+                rows.append(_one(profile, hub, fleet, work, port, agent_wheel, installed))
         finally:
             fleet.stop_all()
             hub.close()
@@ -145,34 +193,60 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
 
 
 def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: str,
-           source: Path | None) -> Any:  # fmt: skip
+           source: Path | None, installed: Installed = None, *,
+           enrolled: bool = False) -> Any:  # fmt: skip
     """Start an agent as the firmware images start it (a replay ``source`` added) and
-    wait until it has enrolled and registered; its process."""
-    # The bare idle agent stays out of the profile's group (bench=<profile>): not deployed to.
-    token = hub.enroller().create_claim({"bench": profile if source else "idle"})
+    wait until it has registered; its process.
+
+    It enrols first with a claim token, as at a device's first boot, unless ``enrolled``:
+    then it starts from the identity in its state folder, as at every later boot (the
+    firmware's script passes no token once the certificate is there). ``installed``: the
+    firmware-like install's interpreter and environment; without it, this checkout's.
+    """
     root = work / "hub" / "trust" / "metadata" / "root.json"
     args = agent_args(f"grpcs://127.0.0.1:{port}", device, [], work / device, root,
                       source, profile)  # fmt: skip
     if source is not None:
         args += ["--source-loop", "--source-rate", "50"]
-    args += ["--claim-token", token,
-             "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
-             "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
+    if not enrolled:
+        # The bare idle agent stays out of the profile's group (bench=<profile>).
+        token = hub.enroller().create_claim({"bench": profile if source else "idle"})
+        args += ["--claim-token", token,
+                 "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
+                 "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
+    before = hub.store.get_device(device)
+    seen = before.last_seen_ms if before is not None else -1
     # As firmware_images/common/edgeskill-agent starts it: the agent's own entry.
-    agent = fleet.spawn(device, [sys.executable, "-m", "edge_agent", "run", *args[2:]])
+    python, env = installed or ([sys.executable], {})
+    agent = fleet.spawn(device, [*python, "-m", "edge_agent", "run", *args[2:]], env)
 
     def registered() -> bool:
         record = hub.store.get_device(device)
-        return record is not None and bool(record.profile)
+        return (
+            record is not None and bool(record.profile) and record.online
+            and record.last_seen_ms > seen
+        )  # fmt: skip
 
     wait_until(registered, 120, f"{device} to register")
     return agent
 
 
-def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path) -> dict:  # type: ignore[type-arg]
-    # Idle as the firmware starts it: no input source, so nothing that decodes inputs loads.
+def _online(hub: Hub, device: str) -> bool:
+    record = hub.store.get_device(device)
+    return record is not None and record.online
+
+
+def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path,
+         installed: Installed) -> dict:  # type: ignore[type-arg]  # fmt: skip
+    # Idle as the firmware installs and starts it: no input source, so nothing that decodes
+    # inputs loads. The runs with a skill need the profile's runtime: this checkout's.
     bare = f"fp-{profile}-idle"
-    agent = _spawn(hub, fleet, work, port, profile, bare, None)
+    agent = _spawn(hub, fleet, work, port, profile, bare, None, installed)
+    first_boot = sample(lambda: rss_mb(agent.pid))
+    fleet.stop(bare)
+    with contextlib.suppress(TimeoutError):  # the restart below waits for a newer sign of life
+        wait_until(lambda: not _online(hub, bare), 30, f"{bare} to be seen offline")
+    agent = _spawn(hub, fleet, work, port, profile, bare, None, installed, enrolled=True)
     idle = sample(lambda: rss_mb(agent.pid))
     fleet.stop(bare)
     device = f"fp-{profile}"
@@ -196,6 +270,8 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
         "profile": profile,
         "install_mb": round(install_mb(profile, wheel), 1),
         "idle_rss_mb": round(idle, 1),
+        "idle_first_boot_rss_mb": round(first_boot, 1),
+        "idle_from": "firmware install" if installed else "checkout",
         "idle_source_rss_mb": round(idle_source, 1),
         "running_rss_mb": round(running, 1),
         "agent_running_rss_mb": round(agent_running, 1),
