@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -44,9 +44,12 @@ _RECONNECT_S = (1.0, 5.0)
 DEFAULT_HUB_SESSION_EXPIRY_S = 30
 
 
-@dataclass(frozen=True)
-class Incoming:
-    """One message from the broker, copied out of paho's thread."""
+class Incoming(NamedTuple):
+    """One message from the broker, copied out of paho's message.
+
+    A named tuple: the hub makes one per message it receives, and a frozen
+    dataclass took several times as long to build.
+    """
 
     topic: str
     payload: bytes
@@ -58,16 +61,18 @@ class Incoming:
 
 def _incoming(msg: mqtt.MQTTMessage) -> Incoming:
     props = msg.properties
-    rt = getattr(props, "ResponseTopic", None) if props is not None else None
-    corr = getattr(props, "CorrelationData", None) if props is not None else None
-    user = getattr(props, "UserProperty", ()) if props is not None else ()
+    if props is None:
+        return Incoming(msg.topic, bytes(msg.payload), retained=bool(msg.retain))
+    rt = getattr(props, "ResponseTopic", None)
+    corr = getattr(props, "CorrelationData", None)
+    user = getattr(props, "UserProperty", None)
     return Incoming(
-        topic=msg.topic,
-        payload=bytes(msg.payload),
-        response_topic=str(rt) if rt is not None else None,
-        correlation=bytes(corr) if corr is not None else None,
-        user=tuple((str(k), str(v)) for k, v in user),
-        retained=bool(msg.retain),
+        msg.topic,
+        bytes(msg.payload),
+        str(rt) if rt is not None else None,
+        bytes(corr) if corr is not None else None,
+        tuple((str(k), str(v)) for k, v in user) if user else (),
+        bool(msg.retain),
     )
 
 
@@ -125,7 +130,7 @@ class HubMqttClient:
         )
         self._client = self._make_client(max_packet, max_queued)
 
-    def _make_client(self, max_packet: int, max_queued: int) -> mqtt.Client:
+    def _make_client(self, max_packet: int, max_queued: int) -> LeanClient:
         ep = self.endpoint
         client = LeanClient(
             CallbackAPIVersion.VERSION2,
@@ -227,8 +232,11 @@ class HubMqttClient:
         Returns:
             False when paho refused it (its queue is full).
         """
-        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
-        return info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
+        if qos == 0 and not retain and props is None:  # the hub's acks: one per message
+            rc = self._client.publish_at_most_once(topic, payload)
+        else:
+            rc = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props).rc
+        return rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
 
     async def stop(self) -> None:
         """Say goodbye to the broker (bounded wait) and stop reconnecting."""
