@@ -130,12 +130,48 @@ def run_command(config: AgentConfig, *, verbose: bool, on_error: Callable[[str],
     return 0
 
 
+def enroll_command(config: AgentConfig, *, verbose: bool, on_error: Callable[[str], None]) -> int:
+    """Make (or keep, renewing when due) the device's identity, then exit; the exit status.
+
+    The firmware's launcher enrols in this short process before it starts the agent: the
+    key generation, the CSR and the enrolment's TLS channel then leave nothing resident
+    in the agent that runs for months (about 1 MB; ``tests/bench/bench_footprint.py``).
+    The settings are checked as ``run`` checks them, and the state folder is held.
+
+    Returns:
+        0 when the device has its identity (said on stdout); 2 when the settings or the
+        hub refused it (said through ``on_error``), with no identity written.
+    """
+    from edge_agent.enrolment import load_identity  # noqa: PLC0415 - after logging
+    from edge_agent.startup_checks import check_run_config  # noqa: PLC0415
+    from edge_agent.state_lock import hold_state_folder  # noqa: PLC0415
+    from edge_agent.wiring import ensure_identity  # noqa: PLC0415
+
+    setup_logging(verbose)
+    try:
+        if config.insecure:
+            raise AgentError("--insecure runs without an identity: there is nothing to enrol")
+        check_run_config(config)
+        with hold_state_folder(config.state_dir):
+            kept = load_identity(config.state_dir)
+            identity = asyncio.run(ensure_identity(config))
+    except (AgentError, SkillError, TransportError) as exc:
+        on_error(str(exc))
+        return 2
+    if identity is None:
+        sys.stdout.write(f"{config.device_id} uses the certificate files given; nothing to enrol\n")
+    else:
+        done = "is enrolled" if kept is not None else "enrolled"
+        sys.stdout.write(f"{config.device_id} {done}: identity in {identity.folder}\n")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
-    """The options of ``run``; the same names as ``edgeskill agent run``'s."""
+    """``run`` and ``enroll``; their options are ``edgeskill agent run``'s, by the same names."""
     top = argparse.ArgumentParser(prog="python -m edge_agent", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="Connect this device to a hub.")
-    add = run.add_argument
+    options = argparse.ArgumentParser(add_help=False)
+    add = options.add_argument
     add("--hub", required=True, help="grpc(s)://HOST:PORT or mqtt(s)://HOST:PORT/PREFIX")
     add("--device-id", required=True, help="This device's id, unique in the fleet.")
     add("--label", action="append", default=[], help="A label k=v; repeat for more.")
@@ -157,6 +193,12 @@ def parser() -> argparse.ArgumentParser:
     add("--metrics-bind", help="Serve Prometheus metrics on HOST:PORT (default: off).")
     add("--insecure", action="store_true", help="DANGEROUS: no identity, plain transport.")
     add("--verbose", action=argparse.BooleanOptionalAction, default=False)
+    commands.add_parser("run", parents=[options], help="Connect this device to a hub.")
+    commands.add_parser(
+        "enroll",
+        parents=[options],
+        help="Enrol with the claim token (or renew a kept identity when due), then exit.",
+    )
     return top
 
 
@@ -201,7 +243,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m edge_agent run ...``; the exit status (2: refused, as argparse)."""
+    """Run ``python -m edge_agent run|enroll ...``; the exit status (2: refused, as argparse)."""
     args = parser().parse_args(argv)
     quiet_native_logs(args.verbose)
     skip_http_fetcher()  # before _config's checks import python-tuf's client
@@ -212,4 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentError as exc:
         _error(str(exc))
         return 2
+    if args.command == "enroll":
+        return enroll_command(config, verbose=args.verbose, on_error=_error)
     return run_command(config, verbose=args.verbose, on_error=_error)

@@ -10,12 +10,11 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
   x86_64) and the agent's wheel unpacked and compiled by
   ``firmware_images/common/install.py``'s own code, run as ``python -m edge_agent run
   --board <profile>`` by a bare interpreter (a virtual environment with no packages)
-  with that folder on ``PYTHONPATH``; restarted after its enrolment, as at every boot
-  but the first, connected over mTLS to a real hub, nothing deployed, no input source;
-  median of samples over 5 s (``idle_from`` says which install ran; without a lock for
-  this architecture, this checkout's environment);
-* ``idle_first_boot_rss_mb``: the same agent at its first boot, which enrolled (a key, a
-  CSR and a second TLS channel) in the process that then stays idle;
+  with that folder on ``PYTHONPATH``, after ``python -m edge_agent enroll`` made its
+  identity (as the firmware's launcher does at a first boot); connected over mTLS to a
+  real hub, nothing deployed, no input source; median of samples over 5 s
+  (``idle_from`` says which install ran; without a lock for this architecture, this
+  checkout's environment);
 * ``idle_source_rss_mb``: the same with a replay source (``--source holdout.npz``): the
   agent that then runs the skill, before the deployment (the source's arrays and numpy
   are loaded at start);
@@ -30,9 +29,9 @@ EdgeCore runs in about 70 MB). Writes ``tests/bench/results/footprint.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -193,47 +192,38 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
 
 
 def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: str,
-           source: Path | None, installed: Installed = None, *,
-           enrolled: bool = False) -> Any:  # fmt: skip
-    """Start an agent as the firmware images start it (a replay ``source`` added) and
+           source: Path | None, installed: Installed = None) -> Any:  # fmt: skip
+    """Start an agent as the firmware's launcher starts it (a replay ``source`` added) and
     wait until it has registered; its process.
 
-    It enrols first with a claim token, as at a device's first boot, unless ``enrolled``:
-    then it starts from the identity in its state folder, as at every later boot (the
-    firmware's script passes no token once the certificate is there). ``installed``: the
+    As ``firmware_images/common/edgeskill-agent`` does at a first boot, the device enrols
+    first with its claim token in a process of its own (``python -m edge_agent enroll``),
+    then the agent starts from the identity in its state folder. ``installed``: the
     firmware-like install's interpreter and environment; without it, this checkout's.
     """
     root = work / "hub" / "trust" / "metadata" / "root.json"
     args = agent_args(f"grpcs://127.0.0.1:{port}", device, [], work / device, root,
-                      source, profile)  # fmt: skip
+                      source, profile)[2:]  # fmt: skip
+    # The bare idle agent stays out of the profile's group (bench=<profile>).
+    token = hub.enroller().create_claim({"bench": profile if source else "idle"})
+    claim = ["--claim-token", token,
+             "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
+             "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
+    python, env = installed or ([sys.executable], {})
+    subprocess.run(
+        [*python, "-m", "edge_agent", "enroll", *args, *claim],
+        env={**os.environ, **env}, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
     if source is not None:
         args += ["--source-loop", "--source-rate", "50"]
-    if not enrolled:
-        # The bare idle agent stays out of the profile's group (bench=<profile>).
-        token = hub.enroller().create_claim({"bench": profile if source else "idle"})
-        args += ["--claim-token", token,
-                 "--hub-ca", str(work / "hub" / "pki" / "ca.crt"),
-                 "--enroll-url", f"grpcs://{hub.config.enroll_bind}"]  # fmt: skip
-    before = hub.store.get_device(device)
-    seen = before.last_seen_ms if before is not None else -1
-    # As firmware_images/common/edgeskill-agent starts it: the agent's own entry.
-    python, env = installed or ([sys.executable], {})
-    agent = fleet.spawn(device, [*python, "-m", "edge_agent", "run", *args[2:]], env)
+    agent = fleet.spawn(device, [*python, "-m", "edge_agent", "run", *args], env)
 
     def registered() -> bool:
         record = hub.store.get_device(device)
-        return (
-            record is not None and bool(record.profile) and record.online
-            and record.last_seen_ms > seen
-        )  # fmt: skip
+        return record is not None and bool(record.profile)
 
     wait_until(registered, 120, f"{device} to register")
     return agent
-
-
-def _online(hub: Hub, device: str) -> bool:
-    record = hub.store.get_device(device)
-    return record is not None and record.online
 
 
 def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path,
@@ -242,11 +232,6 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
     # inputs loads. The runs with a skill need the profile's runtime: this checkout's.
     bare = f"fp-{profile}-idle"
     agent = _spawn(hub, fleet, work, port, profile, bare, None, installed)
-    first_boot = sample(lambda: rss_mb(agent.pid))
-    fleet.stop(bare)
-    with contextlib.suppress(TimeoutError):  # the restart below waits for a newer sign of life
-        wait_until(lambda: not _online(hub, bare), 30, f"{bare} to be seen offline")
-    agent = _spawn(hub, fleet, work, port, profile, bare, None, installed, enrolled=True)
     idle = sample(lambda: rss_mb(agent.pid))
     fleet.stop(bare)
     device = f"fp-{profile}"
@@ -270,7 +255,6 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
         "profile": profile,
         "install_mb": round(install_mb(profile, wheel), 1),
         "idle_rss_mb": round(idle, 1),
-        "idle_first_boot_rss_mb": round(first_boot, 1),
         "idle_from": "firmware install" if installed else "checkout",
         "idle_source_rss_mb": round(idle_source, 1),
         "running_rss_mb": round(running, 1),
