@@ -32,8 +32,11 @@ __all__ = ["LeanClient", "PahoLoop"]
 _MISC_INTERVAL_S = 1.0
 #: Bytes taken off the socket per read; paho then parses packets out of them.
 _READ_CHUNK = 256 * 1024
+#: Most bytes of queued packets joined into one ``send``.
+_WRITE_CHUNK = 64 * 1024
 _U16 = struct.Struct("!H")
 _PUBLISH = 0x30
+_DISCONNECT = 0xE0
 #: The slot of ``MQTTMessage.info``, which :class:`_Received` fills on first use.
 _SLOT_INFO: Any = vars(mqtt.MQTTMessage)["info"]
 
@@ -114,6 +117,9 @@ class LeanClient(mqtt.Client):
       message with the tables shared and the condition made only if asked for.
     * :meth:`publish_at_most_once` sends a QoS 0 message without the
       :class:`~paho.mqtt.client.MQTTMessageInfo` nobody waits on.
+    * paho writes each queued packet with a ``send`` of its own (a hub queues a
+      PUBACK and an ack per message); this client joins the queued packets that
+      need nothing done once written into one ``send``.
 
     They override private methods of the pinned paho-mqtt 2.2; the tests in
     ``tests/protos/test_paho_lean.py`` compare them with paho's own.
@@ -212,6 +218,49 @@ class LeanClient(mqtt.Client):
                 self._in_messages[message.mid] = message
             return rc
         return MQTTErrorCode.MQTT_ERR_PROTOCOL
+
+    def _packet_write(self) -> MQTTErrorCode:
+        if len(self._out_packet) > 1:
+            self._join_quiet_packets()
+        return super()._packet_write()
+
+    def _join_quiet_packets(self) -> None:
+        """Make the leading packets that need nothing done once written one packet.
+
+        paho does something after writing a QoS 0 PUBLISH (``on_publish``, its info)
+        and a DISCONNECT (closes); any other packet it only drops.
+        """
+        out, on_publish = self._out_packet, self.on_publish
+        count = size = 0
+        for packet in out:
+            command = packet["command"] & 0xF0
+            if command == _DISCONNECT or (
+                command == _PUBLISH
+                and packet["qos"] == 0
+                and (on_publish is not None or not isinstance(packet["info"], _Unwatched))
+            ):
+                break
+            if count and size + packet["to_process"] > _WRITE_CHUNK:
+                break
+            count += 1
+            size += packet["to_process"]
+        if count < 2:
+            return
+        joined = bytearray()
+        for _ in range(count):
+            packet = out.popleft()
+            joined += memoryview(packet["packet"])[packet["pos"] :]
+        out.appendleft(
+            {
+                "command": 0,  # no packet type: nothing to do once written
+                "mid": 0,
+                "qos": 0,
+                "pos": 0,
+                "to_process": len(joined),
+                "packet": joined,
+                "info": None,
+            }
+        )
 
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._rbuf_of is not self._sock:  # a new connection: nothing of the old one

@@ -200,11 +200,74 @@ def test_publish_at_most_once_without_a_connection_or_with_a_wildcard() -> None:
 
 
 class FakeSocket:
-    """Takes every byte written to it."""
+    """Takes up to ``per_send`` bytes of each ``send``; counts the calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_send: int = 1_000_000) -> None:
         self.sent = bytearray()
+        self.per_send = per_send
+        self.calls = 0
 
     def send(self, data: bytes) -> int:
-        self.sent += data
-        return len(data)
+        self.calls += 1
+        taken = bytes(data[: self.per_send])
+        self.sent += taken
+        return len(taken)
+
+
+def _queue_mixed(client: mqtt.Client, lean: bool) -> mqtt.MQTTMessageInfo:
+    """Queue packets of every sort the write path treats apart; the QoS 0 publish's info."""
+    client._send_puback(7)
+    client.publish(TOPIC, b"one", qos=1)
+    if lean:
+        assert isinstance(client, LeanClient)
+        client.publish_at_most_once(TOPIC, b"ack")
+    else:
+        client.publish(TOPIC, b"ack", qos=0)
+    client._send_puback(8)
+    info = client.publish(TOPIC, b"watched", qos=0)
+    client.publish(TOPIC, bytes(70_000), qos=1)
+    client._send_puback(9)
+    return info
+
+
+@pytest.mark.parametrize("per_send", [1_000_000, 7])
+def test_queued_packets_written_as_paho_writes_them(per_send: int) -> None:
+    wires, sends, infos = [], [], []
+    for cls in (mqtt.Client, LeanClient):
+        client = _client(cls, mqtt.MQTTv5)
+        client._sock.close()  # type: ignore[union-attr]
+        info = _queue_mixed(client, lean=cls is LeanClient)
+        sock = client._sock = FakeSocket(per_send)  # type: ignore[assignment]
+        for _ in range(100_000):
+            if not client._out_packet:
+                break
+            client.loop_write()
+        wires.append(bytes(sock.sent))
+        sends.append(sock.calls)
+        infos.append(info.is_published())
+        client._sock = None
+    assert wires[1] == wires[0]
+    assert infos == [True, True]
+    if per_send > 100_000:  # joined: the PUBACK, the QoS 1 publish and the ack go in one send
+        assert sends[1] < sends[0]
+
+
+def test_packets_that_need_work_once_written_are_not_joined() -> None:
+    client = _client(LeanClient, mqtt.MQTTv5)
+    assert isinstance(client, LeanClient)
+    published: list[int] = []
+    client._send_puback(1)
+    client._send_puback(2)
+    client.publish(TOPIC, b"watched", qos=0)
+    client._send_puback(3)
+    client._send_simple_command(0xE0)  # DISCONNECT
+    client._join_quiet_packets()
+    assert [p["command"] & 0xF0 for p in client._out_packet] == [0, 0x30, 0x40, 0xE0]
+    client._out_packet.clear()
+    client.on_publish = lambda _c, _u, mid, _rc, _p: published.append(mid)
+    client._send_puback(4)
+    client.publish_at_most_once(TOPIC, b"ack")  # on_publish is set: it must fire
+    client._join_quiet_packets()
+    assert [p["command"] & 0xF0 for p in client._out_packet] == [0x40, 0x30]
+    client._sock.close()  # type: ignore[union-attr]
+    client._sock = None
