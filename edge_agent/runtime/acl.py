@@ -14,38 +14,39 @@ from Huawei's pyACL reference; it needs a real Ascend 310 to be verified.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from edge_agent.errors import RuntimeBackendError
+from edge_agent.runtime.acl_session import (
+    ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    DEVICE_ID_ENV,
+    AclSession,
+    Undo,
+    check_ret,
+    non_null,
+    ret_value,
+    shared_session,
+    unwind,
+)
 from edge_agent.runtime.backends import Backend, LoadedModel
 
 __all__ = ["ACL_DTYPES", "DEVICE_ID_ENV", "AclBackend", "AclModel", "AclSession", "TensorSpec"]
 
 _log = logging.getLogger(__name__)
-
-#: The environment variable naming the NPU to use (CANN's own convention).
-DEVICE_ID_ENV = "ASCEND_DEVICE_ID"
-
-_ACL_SUCCESS = 0
-_ACL_ERROR_REPEAT_INITIALIZE = 100002
-_ACL_MEM_MALLOC_HUGE_FIRST = 0
-_ACL_MEMCPY_HOST_TO_DEVICE = 1
-_ACL_MEMCPY_DEVICE_TO_HOST = 2
-_ACL_MEMCPY_DEVICE_TO_DEVICE = 3
-_ACL_HOST = 1  # acl.rt.get_run_mode(); 0 (ACL_DEVICE): the app runs on the board's own CPU
 
 #: ``aclDataType`` values and the numpy types they hold (5 is unused in CANN's enum).
 ACL_DTYPES: Mapping[int, np.dtype[Any]] = {
@@ -62,180 +63,6 @@ ACL_DTYPES: Mapping[int, np.dtype[Any]] = {
     11: np.dtype("float64"),
     12: np.dtype("bool"),
 }
-
-_T = TypeVar("_T")
-_Undo = tuple[str, Callable[[], object]]
-
-
-def _check(ret: int, call: str) -> None:
-    if ret != _ACL_SUCCESS:
-        raise RuntimeBackendError(f"{call} failed with ACL error {ret}")
-
-
-def _value(result: tuple[_T, int], call: str) -> _T:
-    """The value of a pyACL ``(value, ret)`` pair, once ``ret`` is checked."""
-    value, ret = result
-    _check(ret, call)
-    return value
-
-
-def _handle(value: _T, call: str) -> _T:
-    """A handle from a pyACL constructor that signals failure with a null (0) pointer."""
-    if not value:
-        raise RuntimeBackendError(f"{call} returned a null handle")
-    return value
-
-
-def _unwind(steps: list[_Undo]) -> list[str]:
-    """Run undo steps, last first, all of them; the failures, as messages."""
-    errors = []
-    while steps:
-        call, undo = steps.pop()
-        try:
-            ret = undo()
-        except RuntimeBackendError as exc:
-            errors.append(str(exc))
-            continue
-        if isinstance(ret, int) and ret != _ACL_SUCCESS:
-            errors.append(f"{call} failed with ACL error {ret}")
-    return errors
-
-
-def _device_id() -> int:
-    raw = os.environ.get(DEVICE_ID_ENV, "0")
-    if not raw.strip().isdigit():
-        raise RuntimeBackendError(f"{DEVICE_ID_ENV} must be a device number, got {raw!r}")
-    return int(raw)
-
-
-class AclSession:
-    """pyACL's process-wide state: initialised once, one device and context for all models.
-
-    ``acl.init`` may run only once per process, so it is undone only at exit (an
-    ``atexit`` hook calls :meth:`shutdown`). The device and its context are counted:
-    opened for the first model, closed when the last one closes.
-
-    Args:
-        device_id: The NPU to use; by default ``$ASCEND_DEVICE_ID``, else 0.
-
-    Raises:
-        RuntimeBackendError: ``$ASCEND_DEVICE_ID`` is not a device number.
-    """
-
-    def __init__(self, device_id: int | None = None) -> None:
-        self.device_id = _device_id() if device_id is None else device_id
-        #: Whether the app runs on a host beside the NPU (a card) rather than on the board.
-        self.host_run_mode = True
-        self._lock = threading.RLock()
-        self._acl: Any = None
-        self._owns_init = False
-        self._context: Any = None
-        self._users = 0
-        self._open: set[_Model] = set()
-
-    def acquire(self, acl: ModuleType) -> None:
-        """Initialise pyACL (once) and open the device, for one more model.
-
-        Raises:
-            RuntimeBackendError: A pyACL call failed; nothing is left open by this call.
-        """
-        with self._lock:
-            if self._acl is None:
-                ret = acl.init()
-                if ret == _ACL_ERROR_REPEAT_INITIALIZE:  # someone else's; theirs to finalize
-                    _log.info("pyACL was already initialised in this process")
-                else:
-                    _check(ret, "acl.init")
-                    self._owns_init = True
-                self._acl = acl
-                atexit.register(self.shutdown)
-            if self._users == 0:
-                self._open_device()
-            self._users += 1
-
-    def _open_device(self) -> None:
-        acl = self._acl
-        _check(acl.rt.set_device(self.device_id), f"acl.rt.set_device({self.device_id})")
-        undo: list[_Undo] = [("acl.rt.reset_device", lambda: acl.rt.reset_device(self.device_id))]
-        try:
-            context = _value(acl.rt.create_context(self.device_id), "acl.rt.create_context")
-            undo.append(("acl.rt.destroy_context", lambda: acl.rt.destroy_context(context)))
-            run_mode = _value(acl.rt.get_run_mode(), "acl.rt.get_run_mode")
-        except Exception as exc:
-            for error in _unwind(undo):
-                exc.add_note(f"while cleaning up: {error}")
-            raise
-        self._context = context
-        self.host_run_mode = run_mode == _ACL_HOST
-
-    def release(self) -> None:
-        """One model fewer; the last one closes the context and resets the device.
-
-        Raises:
-            RuntimeBackendError: Closing the context or resetting the device failed.
-        """
-        with self._lock:
-            self._users -= 1
-            if self._users > 0:
-                return
-            acl, context, self._context = self._acl, self._context, None
-            errors = _unwind(
-                [
-                    ("acl.rt.reset_device", lambda: acl.rt.reset_device(self.device_id)),
-                    ("acl.rt.destroy_context", lambda: acl.rt.destroy_context(context)),
-                ]
-            )
-        if errors:
-            raise RuntimeBackendError("; ".join(errors))
-
-    def bind(self) -> None:
-        """Make the session's context current in the calling thread (contexts are per thread).
-
-        Raises:
-            RuntimeBackendError: ``acl.rt.set_context`` failed.
-        """
-        _check(self._acl.rt.set_context(self._context), "acl.rt.set_context")
-
-    def shutdown(self) -> None:
-        """Close the models still open, then finalize pyACL if this session initialised it.
-
-        Called at exit; failures are logged, since nothing is left to raise them to.
-        """
-        with self._lock:
-            still_open = list(self._open)
-        for model in still_open:
-            model.close_quietly()
-        with self._lock:
-            if self._acl is not None and self._owns_init:
-                ret = self._acl.finalize()
-                if ret != _ACL_SUCCESS:
-                    _log.warning("acl.finalize failed with ACL error %s", ret)
-            self._acl, self._owns_init = None, False
-
-    def _opened(self, model: _Model) -> None:
-        with self._lock:
-            self._open.add(model)
-
-    def _closed(self, model: _Model) -> None:
-        with self._lock:
-            self._open.discard(model)
-
-
-_shared: AclSession | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_session() -> AclSession:
-    """The process's session, made on first use (reading ``$ASCEND_DEVICE_ID`` then).
-
-    Raises:
-        RuntimeBackendError: ``$ASCEND_DEVICE_ID`` is not a device number.
-    """
-    global _shared  # noqa: PLW0603 - pyACL's state is process-wide, so the session is too
-    with _shared_lock:
-        if _shared is None:
-            _shared = AclSession()
-        return _shared
 
 
 @dataclass(frozen=True)
@@ -262,7 +89,7 @@ class _Model:
         self._acl = acl
         self._session = session
         self._lock = threading.Lock()
-        self._undo: list[_Undo] = []
+        self._undo: list[Undo] = []
         self.closed = False
         session.acquire(acl)
         self._undo.append(("releasing the device", session.release))
@@ -270,24 +97,24 @@ class _Model:
             session.bind()
             self._load(path)
         except Exception as exc:  # pyACL's own TypeErrors too: free what was allocated
-            for error in _unwind(self._undo):
+            for error in unwind(self._undo):
                 exc.add_note(f"while cleaning up: {error}")
             raise
         on_host = session.host_run_mode  # on the board, "host" memory is device memory
-        self._copy_in = _ACL_MEMCPY_HOST_TO_DEVICE if on_host else _ACL_MEMCPY_DEVICE_TO_DEVICE
-        self._copy_out = _ACL_MEMCPY_DEVICE_TO_HOST if on_host else _ACL_MEMCPY_DEVICE_TO_DEVICE
-        session._opened(self)
+        self._copy_in = ACL_MEMCPY_HOST_TO_DEVICE if on_host else ACL_MEMCPY_DEVICE_TO_DEVICE
+        self._copy_out = ACL_MEMCPY_DEVICE_TO_HOST if on_host else ACL_MEMCPY_DEVICE_TO_DEVICE
+        session.opened(self)
 
     def _push(self, call: str, undo: Callable[[], object]) -> None:
         self._undo.append((call, undo))
 
     def _load(self, path: Path) -> None:
         acl = self._acl
-        model_id = _value(acl.mdl.load_from_file(str(path)), "acl.mdl.load_from_file")
+        model_id = ret_value(acl.mdl.load_from_file(str(path)), "acl.mdl.load_from_file")
         self._push("acl.mdl.unload", functools.partial(acl.mdl.unload, model_id))
-        desc = _handle(acl.mdl.create_desc(), "acl.mdl.create_desc")
+        desc = non_null(acl.mdl.create_desc(), "acl.mdl.create_desc")
         self._push("acl.mdl.destroy_desc", functools.partial(acl.mdl.destroy_desc, desc))
-        _check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
+        check_ret(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
         self._model_id = model_id
         self._in_set, self._inputs = self._dataset(desc, "input")
         self._out_set, self._outputs = self._dataset(desc, "output")
@@ -297,19 +124,21 @@ class _Model:
     def _dataset(self, desc: int, side: str) -> tuple[int, list[tuple[TensorSpec, int]]]:
         """A dataset with a fresh device buffer for each input (or output), and the buffers."""
         acl, buffers = self._acl, []
-        dataset = _handle(acl.mdl.create_dataset(), "acl.mdl.create_dataset")
+        dataset = non_null(acl.mdl.create_dataset(), "acl.mdl.create_dataset")
         self._push("acl.mdl.destroy_dataset", functools.partial(acl.mdl.destroy_dataset, dataset))
         for index in range(getattr(acl.mdl, f"get_num_{side}s")(desc)):
             spec = _spec(acl.mdl, desc, side, index)
-            pointer = _value(
-                acl.rt.malloc(spec.nbytes, _ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc"
+            pointer = ret_value(
+                acl.rt.malloc(spec.nbytes, ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc"
             )
             self._push("acl.rt.free", functools.partial(acl.rt.free, pointer))
-            buffer = _handle(acl.create_data_buffer(pointer, spec.nbytes), "acl.create_data_buffer")
+            buffer = non_null(
+                acl.create_data_buffer(pointer, spec.nbytes), "acl.create_data_buffer"
+            )
             self._push(
                 "acl.destroy_data_buffer", functools.partial(acl.destroy_data_buffer, buffer)
             )
-            _value(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
+            ret_value(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
             buffers.append((spec, pointer))
         return dataset, buffers
 
@@ -328,7 +157,9 @@ class _Model:
             self._session.bind()
             for spec, device, array in arrays:
                 self._write(spec, device, array)
-            _check(acl.mdl.execute(self._model_id, self._in_set, self._out_set), "acl.mdl.execute")
+            check_ret(
+                acl.mdl.execute(self._model_id, self._in_set, self._out_set), "acl.mdl.execute"
+            )
             return {spec.name: self._read(spec, device) for spec, device in self._outputs}
 
     def _write(self, spec: TensorSpec, device: int, array: np.ndarray) -> None:
@@ -338,24 +169,24 @@ class _Model:
         host: Any = array.tobytes() if hasattr(util, "bytes_to_ptr") else array
         pointer = util.bytes_to_ptr(host) if isinstance(host, bytes) else util.numpy_to_ptr(host)
         ret = self._acl.rt.memcpy(device, spec.nbytes, pointer, array.nbytes, self._copy_in)
-        _check(ret, f"acl.rt.memcpy (input {spec.name!r})")
+        check_ret(ret, f"acl.rt.memcpy (input {spec.name!r})")
 
     def _read(self, spec: TensorSpec, device: int) -> np.ndarray:
         acl, size = self._acl, spec.nbytes
         call = f"acl.rt.memcpy (output {spec.name!r})"
         if not hasattr(acl.util, "ptr_to_bytes"):  # older CANN: copy straight into numpy
             out = np.empty(spec.shape, spec.dtype)
-            _check(
+            check_ret(
                 acl.rt.memcpy(acl.util.numpy_to_ptr(out), size, device, size, self._copy_out), call
             )
             return out
-        host = _value(acl.rt.malloc_host(size), "acl.rt.malloc_host")
+        host = ret_value(acl.rt.malloc_host(size), "acl.rt.malloc_host")
         try:
-            _check(acl.rt.memcpy(host, size, device, size, self._copy_out), call)
+            check_ret(acl.rt.memcpy(host, size, device, size, self._copy_out), call)
             data = acl.util.ptr_to_bytes(host, size)
         finally:
             freed = acl.rt.free_host(host)
-        _check(freed, "acl.rt.free_host")
+        check_ret(freed, "acl.rt.free_host")
         return np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape).copy()
 
     def close(self) -> None:
@@ -370,13 +201,13 @@ class _Model:
             if self.closed:
                 return
             self.closed = True
-            self._session._closed(self)
+            self._session.closed(self)
             errors = []
             try:
                 self._session.bind()
             except RuntimeBackendError as exc:
                 errors.append(str(exc))
-            errors += _unwind(self._undo)
+            errors += unwind(self._undo)
         if errors:
             raise RuntimeBackendError("; ".join(errors))
 
@@ -391,7 +222,7 @@ class _Model:
 def _spec(mdl: Any, desc: int, side: str, index: int) -> TensorSpec:
     """One input's (or output's) description, refused if this backend cannot feed it."""
     name = str(getattr(mdl, f"get_{side}_name_by_index")(desc, index))
-    dims = _value(getattr(mdl, f"get_{side}_dims")(desc, index), f"acl.mdl.get_{side}_dims")
+    dims = ret_value(getattr(mdl, f"get_{side}_dims")(desc, index), f"acl.mdl.get_{side}_dims")
     shape = tuple(int(d) for d in dims["dims"])
     code = int(getattr(mdl, f"get_{side}_data_type")(desc, index))
     size = int(getattr(mdl, f"get_{side}_size_by_index")(desc, index))

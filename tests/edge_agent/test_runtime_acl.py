@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge_agent.errors import RuntimeBackendError
-from edge_agent.runtime import acl as acl_backend
+from edge_agent.runtime import acl_session
 from edge_agent.runtime.acl import AclBackend, AclModel, AclSession
 from edge_agent.runtime.selection import backend_for
 from tests.fakes.fake_acl import ACL_DEVICE, ACL_ERROR_BAD_ALLOC, FakeAcl, write_model
@@ -289,7 +289,7 @@ def test_device_id_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_default_session_is_shared(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(acl_backend, "_shared", None)
+    monkeypatch.setattr(acl_session, "_shared", None)
     assert AclBackend().session is AclBackend().session
 
 
@@ -315,7 +315,7 @@ def test_the_ascend_profile_runs_its_om_variant_through_acl_and_onnx_without_it(
     variants = (variant("om", "models/classifier-om-fp32.om", om.read_bytes()), *manifest.models)
     manifest = dataclasses.replace(manifest, models=variants)
     targets = PROFILES["ascend310"].targets
-    monkeypatch.setattr(acl_backend, "_shared", None)  # this test's own process session
+    monkeypatch.setattr(acl_session, "_shared", None)  # this test's own process session
     with_acl = Runtime(skill_dir, manifest, targets).model("classifier")
     assert isinstance(with_acl, AclModel) and (with_acl.target, with_acl.provider) == (
         "om",
