@@ -200,10 +200,13 @@ def _start_hub(fleet: Fleet, service: FleetService, work: Path, *extra: str) -> 
 
     Raises:
         TimeoutError: the hub did not open its port in time.
+        ChildProcessError: the hub exited before it opened its port.
     """
     port = int(service.config.grpc_bind.rsplit(":", 1)[1])
-    fleet.start("hub", ["hub", "serve", "--home", str(work / "hub"), *extra])
-    wait_for_port(port)  # the hub subscribes on the broker before it opens this port
+    proc = fleet.start("hub", ["hub", "serve", "--home", str(work / "hub"), *extra])
+    # The hub subscribes on the broker before it opens this port. A busy machine can take a
+    # while to start it; a hub that exits is said at once.
+    wait_for_port(port, 120, proc)
     return f"grpcs://127.0.0.1:{port}"
 
 

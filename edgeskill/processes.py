@@ -116,16 +116,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout_s: float = 30.0) -> None:
-    """Block until something listens on ``port``.
+def wait_for_port(
+    port: int, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Block until something listens on ``port``; with ``proc``, only while it runs.
 
     Raises:
         TimeoutError: nothing listened in time.
+        ChildProcessError: ``proc`` exited before anything listened.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
             return
+        if proc is not None and proc.poll() is not None:
+            code = proc.returncode
+            raise ChildProcessError(f"process {proc.pid} exited ({code}) before port {port} opened")
         time.sleep(0.1)
     raise TimeoutError(f"nothing listens on port {port}")
 
