@@ -5,7 +5,9 @@ A device runs the agent for months; everything the process imports stays residen
 coerces every option with a Pydantic adapter) and every other ``edgeskill`` command's
 module: about 15 MB of an idle agent's memory that parsing twenty options does not
 need. The firmware images start the agent here; ``edgeskill agent run`` takes the same
-options (a test keeps the two lists equal) and shares :func:`run_command`.
+options (a test keeps the two lists equal) and shares :func:`run_command`. On a first
+boot their launcher runs ``enroll`` (the same options) before ``run``: it makes the
+device's identity with the claim token and exits.
 """
 
 from __future__ import annotations
