@@ -14,7 +14,9 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
   identity (as the firmware's launcher does at a first boot); connected over mTLS to a
   real hub, nothing deployed, no input source; median of samples over 5 s
   (``idle_from`` says which install ran; without a lock for this architecture, this
-  checkout's environment);
+  checkout's environment); over gRPC, the images' default hub URL;
+* ``idle_mqtt_rss_mb``: the same agent on an ``mqtts://`` hub (the demo's TLS broker):
+  it loads no gRPC, which it needs only to enrol and to renew its certificate;
 * ``idle_source_rss_mb``: the same with a replay source (``--source holdout.npz``): the
   agent that then runs the skill, before the deployment (the source's arrays and numpy
   are loaded at start);
@@ -50,9 +52,10 @@ sys.path.insert(0, str(REPO))
 
 from cloud.hub import Hub  # noqa: E402
 from cloud.service import FleetService  # noqa: E402
+from edgeskill.demo import _start_hub_mqtt  # noqa: E402
 from edgeskill.firmware_build import download_wheels  # noqa: E402
 from edgeskill.firmware_recipes import FIRMWARE_DIR, TARGETS, load_recipe, parse_lock  # noqa: E402
-from edgeskill.processes import Fleet, agent_args, wait_for_port, wait_until  # noqa: E402
+from edgeskill.processes import Fleet, agent_args, wait_until  # noqa: E402
 from protos.envelope import now_ms  # noqa: E402
 
 RESULTS = REPO / "tests" / "bench" / "results" / "footprint.json"
@@ -177,21 +180,25 @@ def measure(profiles: list[str], console: Console) -> list[dict[str, object]]:
         port = free_port_pair()
         home = work / "hub"
         hub = Hub.init(home, grpc_bind=f"127.0.0.1:{port}")
-        fleet = Fleet(work / "logs")
+        fleet, broker = Fleet(work / "logs"), Fleet(work / "logs")
         try:
-            FleetService(hub).skills.publish(bundle)
-            fleet.start("hub", ["hub", "serve", "--home", str(home)])
-            wait_for_port(port)
+            service = FleetService(hub)
+            service.skills.publish(bundle)
+            # The demo's TLS broker (its ACL, the hub's client certificate) and the hub
+            # serving devices over both transports.
+            mqtt_url = _start_hub_mqtt(console, fleet, broker, service, work)
+            urls = {"grpc": f"grpcs://127.0.0.1:{port}", "mqtt": mqtt_url}
             for profile in profiles:
                 console.print(f"measuring {profile}")
-                rows.append(_one(profile, hub, fleet, work, port, agent_wheel, installed))
+                rows.append(_one(profile, hub, fleet, work, urls, agent_wheel, installed))
         finally:
             fleet.stop_all()
+            broker.stop_all()
             hub.close()
     return rows
 
 
-def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: str,
+def _spawn(hub: Hub, fleet: Fleet, work: Path, url: str, profile: str, device: str,
            source: Path | None, installed: Installed = None) -> Any:  # fmt: skip
     """Start an agent as the firmware's launcher starts it (a replay ``source`` added) and
     wait until it has registered; its process.
@@ -202,8 +209,7 @@ def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: 
     firmware-like install's interpreter and environment; without it, this checkout's.
     """
     root = work / "hub" / "trust" / "metadata" / "root.json"
-    args = agent_args(f"grpcs://127.0.0.1:{port}", device, [], work / device, root,
-                      source, profile)[2:]  # fmt: skip
+    args = agent_args(url, device, [], work / device, root, source, profile)[2:]
     # The bare idle agent stays out of the profile's group (bench=<profile>).
     token = hub.enroller().create_claim({"bench": profile if source else "idle"})
     claim = ["--claim-token", token,
@@ -226,17 +232,20 @@ def _spawn(hub: Hub, fleet: Fleet, work: Path, port: int, profile: str, device: 
     return agent
 
 
-def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Path,
+def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, urls: dict[str, str], wheel: Path,
          installed: Installed) -> dict:  # type: ignore[type-arg]  # fmt: skip
     # Idle as the firmware installs and starts it: no input source, so nothing that decodes
-    # inputs loads. The runs with a skill need the profile's runtime: this checkout's.
-    bare = f"fp-{profile}-idle"
-    agent = _spawn(hub, fleet, work, port, profile, bare, None, installed)
-    idle = sample(lambda: rss_mb(agent.pid))
-    fleet.stop(bare)
+    # inputs loads; over each transport. The runs with a skill need the profile's runtime
+    # (this checkout's) and go over gRPC, the images' default.
+    idle = {}
+    for transport, url in urls.items():
+        bare = f"fp-{profile}-idle-{transport}"
+        agent = _spawn(hub, fleet, work, url, profile, bare, None, installed)
+        idle[transport] = sample(lambda: rss_mb(agent.pid))  # noqa: B023 - used at once
+        fleet.stop(bare)
     device = f"fp-{profile}"
     hub.store.create_group(f"g-{profile}", f"bench={profile}")
-    agent = _spawn(hub, fleet, work, port, profile, device, work / "holdout.npz")
+    agent = _spawn(hub, fleet, work, urls["grpc"], profile, device, work / "holdout.npz")
     idle_source = sample(lambda: rss_mb(agent.pid))
     hub.store.create_deployment("digits", "1.0.0", f"g-{profile}", now_ms=now_ms())
 
@@ -254,7 +263,8 @@ def _one(profile: str, hub: Hub, fleet: Fleet, work: Path, port: int, wheel: Pat
     return {
         "profile": profile,
         "install_mb": round(install_mb(profile, wheel), 1),
-        "idle_rss_mb": round(idle, 1),
+        "idle_rss_mb": round(idle["grpc"], 1),
+        "idle_mqtt_rss_mb": round(idle["mqtt"], 1),
         "idle_from": "firmware install" if installed else "checkout",
         "idle_source_rss_mb": round(idle_source, 1),
         "running_rss_mb": round(running, 1),

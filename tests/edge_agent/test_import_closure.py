@@ -102,6 +102,19 @@ def test_agent_cli_help_works_without_the_hub() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True)
 
 
+def test_an_mqtt_agent_loads_no_grpc_until_it_enrols_or_renews() -> None:
+    # gRPC (~9 MB, and the code its channel runs) is for gRPC hubs and the enrolment port.
+    probe = ENTRY_PROBE.replace("grpcs://hub:7443", "mqtts://hub:8883/es").replace(
+        "import edge_agent.transport.grpc", "import edge_agent.transport.mqtt"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    modules = set(json.loads(out))
+    assert {"edge_agent.transport.mqtt", "edge_agent.enrolment", "paho"} <= modules
+    assert not {m for m in modules if m.split(".")[0] == "grpc"}, sorted(modules)
+
+
 def test_the_agents_entry_never_imports_an_http_library(tmp_path: Path) -> None:
     # The real entry, up to its first refusal (not enrolled): by then it has imported
     # python-tuf's client, and the stand-in kept urllib3 and http.client out.
