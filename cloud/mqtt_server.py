@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import zlib
 from dataclasses import dataclass
@@ -57,8 +58,7 @@ log = logging.getLogger(__name__)
 _PRESENCE = {STATUS_ONLINE: True, STATUS_OFFLINE: False}
 #: Replies whose loss the device repairs by sending again (its outbox keeps the message).
 _AT_MOST_ONCE = frozenset({"ack", "error"})
-#: Topics parsed and remembered (each device sends on a few, again and again); past
-#: this many the memory starts afresh.
+#: Topics parsed and remembered (each device sends on a few, again and again).
 _PARSED_TOPICS = 50_000
 
 
@@ -114,7 +114,9 @@ class MqttHubServer:
         #: The desired-state revision last published (by any hub) per device: the
         #: director's counter, or the generation when the hub runs insecure.
         self.published: dict[str, int] = {}
-        self._parsed: dict[str, TopicRef] = {}
+        #: ``topics.parse`` remembered; a topic it refuses is not remembered, so it is
+        #: refused (and counted) every time.
+        self._parse = functools.lru_cache(maxsize=_PARSED_TOPICS)(self.topics.parse)
 
     async def start(self) -> None:
         """Connect, subscribe and start the workers and the desired-state publisher.
@@ -140,16 +142,11 @@ class MqttHubServer:
     # -- routing (on the event loop) ---------------------------------------------
 
     def _route(self, msg: Incoming) -> None:
-        ref = self._parsed.get(msg.topic)
-        if ref is None:
-            try:
-                ref = self.topics.parse(msg.topic)
-            except ProtocolError as exc:
-                self.core.drop(DropReason.BAD_TOPIC, "", exc)
-                return
-            if len(self._parsed) >= _PARSED_TOPICS:
-                self._parsed.clear()
-            self._parsed[msg.topic] = ref
+        try:
+            ref = self._parse(msg.topic)
+        except ProtocolError as exc:
+            self.core.drop(DropReason.BAD_TOPIC, "", exc)
+            return
         if ref.area == "down":
             self._track_desired(ref.device_id, msg)
         elif ref.kind == "fetch":

@@ -132,7 +132,7 @@ async def enroll(
     ca_pem = _read(hub_ca)
     key = _load_or_make_key(identity.key)
     request = pb.EnrollRequest(claim_token=token, csr_pem=_csr(key, device_id))
-    answer = await _call(url, (ca_pem, None), "Enroll", request, timeout_s)
+    answer = await _call(url, ca_pem, None, "Enroll", request, timeout_s)
     _keep(identity, answer, key, device_id, ca_pem)
     log.info("enrolled as %s; certificate until %d ms", device_id, answer.not_after_ms)
     return identity
@@ -149,19 +149,20 @@ async def renew(url: str, identity: Identity, device_id: str, timeout_s: float =
     ca_pem = _read(identity.ca)
     client = (_read(identity.key), _read(identity.cert))
     request = pb.RenewRequest(csr_pem=_csr(key, device_id))
-    answer = await _call(url, (ca_pem, client), "Renew", request, timeout_s)
+    answer = await _call(url, ca_pem, client, "Renew", request, timeout_s)
     _keep(identity, answer, key, device_id, ca_pem)
     log.info("renewed the certificate of %s until %d ms", device_id, answer.not_after_ms)
 
 
 async def _call(
     url: str,
-    tls: tuple[bytes, tuple[bytes, bytes] | None],
+    ca_pem: bytes,
+    client: tuple[bytes, bytes] | None,
     method: str,
     request: pb.EnrollRequest | pb.RenewRequest,
     timeout_s: float,
 ) -> pb.EnrollResponse:
-    """One call to the hub's enrolment service; ``tls`` is the CA and the (key, cert) if any.
+    """One call to the hub's enrolment service, trusting ``ca_pem``; ``client``: (key, cert).
 
     gRPC is imported here, not with the module: an agent on MQTT loads it only for an
     enrolment or a renewal (~9 MB, and the code pages its channel touches).
@@ -169,7 +170,6 @@ async def _call(
     import grpc  # noqa: PLC0415
     import grpc.aio  # noqa: PLC0415
 
-    ca_pem, client = tls
     key_pem, cert_pem = client if client is not None else (None, None)
     creds = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
     parts = urlsplit(url)
