@@ -16,7 +16,8 @@ Layout::
       "input_bytes": 602112, "output_bytes": 4000,
       "segments": [{"file": "seg-00.onnx", "inputs": ["image"], "outputs": ["t1"]}, ...],
       "cuts": [{"name": "input", "after": -1, "tensors": ["image"], "nbytes": 602112},
-               {"name": "t1", "after": 0, "tensors": ["t1"], "nbytes": 401408}, ...],
+               {"name": "t1", "after": 0, "tensors": ["t1"], "nbytes": 401408,
+                "codec": "int8", "loss_pt": {"fp16": 0.0, "int8": 0.0}}, ...],
       "hub_ms": [1.2, ...], "device_ms": [1.2, ...]
     }
 
@@ -27,6 +28,12 @@ the boundary between segment ``i`` and ``i + 1``. There is no device-only cut:
 running every segment needs no plan entry. ``hub_ms`` and ``device_ms`` are
 per-segment times measured when the plan was built (both on the build
 machine: ``device_ms`` is the reference a device scales by its own profile).
+
+A cut may also say which codec its tensors travel in (``codec``) and what each
+codec cost in accuracy when the plan was built (``loss_pt``: top-1 points lost
+against the uncompressed model, over the builder's samples). The builder
+records them when asked to choose (a manifest's ``codec = "auto"``); a cut
+without them travels in the manifest's codec.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from skills.codec_limits import CODECS
 from skills.errors import BundleError
 
 __all__ = [
@@ -167,12 +175,31 @@ class CutInfo:
         after: Index of the last segment the device runs (-1: none).
         tensors: The tensors that cross, in the order they are sent.
         nbytes: Their size uncompressed at batch 1 (fp32).
+        codec: The codec chosen for this cut when the plan was built, if one was.
+        loss_pt: Each codec's measured top-1 loss at this cut (points), as
+            ``(codec, points)`` pairs; empty when none was measured.
     """
 
     name: str
     after: int
     tensors: tuple[str, ...]
     nbytes: int
+    codec: str | None = None
+    loss_pt: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cut as a ``cuts`` entry of ``split.json``."""
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "after": self.after,
+            "tensors": list(self.tensors),
+            "nbytes": self.nbytes,
+        }
+        if self.codec is not None:
+            doc["codec"] = self.codec
+        if self.loss_pt:
+            doc["loss_pt"] = dict(self.loss_pt)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -264,10 +291,7 @@ class SplitPlan:
                 {"file": s.file, "inputs": list(s.inputs), "outputs": list(s.outputs)}
                 for s in self.segments
             ],
-            "cuts": [
-                {"name": c.name, "after": c.after, "tensors": list(c.tensors), "nbytes": c.nbytes}
-                for c in self.cuts
-            ],
+            "cuts": [c.to_dict() for c in self.cuts],
             "hub_ms": list(self.hub_ms),
             "device_ms": list(self.device_ms),
         }
@@ -344,8 +368,34 @@ def _segments(value: object) -> tuple[SegmentInfo, ...]:
     return tuple(out)
 
 
+_CUT_KEYS = frozenset({"name", "after", "tensors", "nbytes"})
+_CUT_OPTIONAL = frozenset({"codec", "loss_pt"})
+
+
+def _codec(value: object, where: str) -> str:
+    if not isinstance(value, str) or value not in CODECS:
+        raise _fail(where, f"must be one of {list(CODECS)}")
+    return value
+
+
+def _losses(value: object, where: str) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, dict) or not 0 < len(value) <= len(CODECS):
+        raise _fail(where, f"must be an object of 1..{len(CODECS)} codecs")
+    out = []
+    for codec, points in value.items():
+        name = _codec(codec, f"{where} key")
+        ok = not isinstance(points, bool) and isinstance(points, int | float)
+        if not ok or not (math.isfinite(points) and 0.0 <= points <= 100.0):
+            raise _fail(f"{where}.{name}", "must be points in [0, 100]")
+        out.append((name, float(points)))
+    return tuple(out)
+
+
 def _cut(raw: object, where: str) -> CutInfo:
-    table = _table(raw, where, frozenset({"name", "after", "tensors", "nbytes"}))
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    extra = {k: v for k, v in raw.items() if k in _CUT_OPTIONAL}
+    table = _table({k: v for k, v in raw.items() if k not in _CUT_OPTIONAL}, where, _CUT_KEYS)
     after = table["after"]
     if isinstance(after, bool) or not isinstance(after, int) or not -1 <= after < MAX_SEGMENTS:
         raise _fail(f"{where}.after", f"must be an integer in [-1, {MAX_SEGMENTS})")
@@ -354,6 +404,8 @@ def _cut(raw: object, where: str) -> CutInfo:
         after=after,
         tensors=_names(table["tensors"], f"{where}.tensors"),
         nbytes=_count(table["nbytes"], f"{where}.nbytes"),
+        codec=_codec(extra["codec"], f"{where}.codec") if "codec" in extra else None,
+        loss_pt=_losses(extra["loss_pt"], f"{where}.loss_pt") if "loss_pt" in extra else (),
     )
 
 

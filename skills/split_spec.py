@@ -35,6 +35,7 @@ from typing import Any
 from skills._fields import Table, check_bundle_path, check_choice, check_int, fail, located
 
 __all__ = [
+    "AUTO_FALLBACK_CODEC",
     "JOINT_MEASURES",
     "MAX_DEADLINE_MS",
     "MAX_JOINTS",
@@ -49,7 +50,10 @@ __all__ = [
     "split_table",
 ]
 
-SPLIT_CODECS = ("fp32", "fp16", "int8")
+#: A manifest's codec: one for every cut, or ``auto``: each cut in the codec its plan chose.
+SPLIT_CODECS = ("fp32", "fp16", "int8", "auto")
+#: What a cut travels in under ``auto`` when its plan chose nothing for it.
+AUTO_FALLBACK_CODEC = "fp16"
 JOINT_MEASURES = ("entropy", "margin")
 MAX_SPLITS = 16
 MAX_JOINTS = 16
@@ -73,7 +77,9 @@ class SplitSpec:
         model: The model's name, as control code asks for it.
         plan: Bundle path of its ``split.json`` (inside ``models/``); the segments
             lie next to it.
-        codec: How the activations at the cut travel: ``fp32``, ``fp16`` or ``int8``.
+        codec: How the activations at the cut travel: ``fp32``, ``fp16`` or ``int8``
+            at every cut, or ``auto``: each cut in the codec its ``split.json`` chose
+            (the smallest within the builder's accuracy budget; fp16 where none).
         deadline_ms: How long the device waits for the hub before finishing itself.
     """
 
@@ -94,6 +100,12 @@ class SplitSpec:
             raise fail("plan", f"{path!r} must be a .json file inside models/")
         check_choice(self.codec, "codec", SPLIT_CODECS)
         check_int(self.deadline_ms, "deadline_ms", 1, MAX_DEADLINE_MS)
+
+    def codec_at(self, chosen: str | None) -> str:
+        """The codec of a cut whose plan chose ``chosen`` (None: nothing chosen)."""
+        if self.codec != "auto":
+            return self.codec
+        return chosen or AUTO_FALLBACK_CODEC
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from skills.errors import TensorCodecError
 if TYPE_CHECKING:
     import numpy as np
 
-    from edge_agent.split.segments import PlanLike
+    from edge_agent.split.segments import CutLike, PlanLike
     from skills.manifest import JointSpec, SplitSpec
 
 __all__ = [
@@ -219,7 +219,7 @@ class SplitCoordinator(Route):
         self, skill: str, version: str, spec: SplitSpec, split_plan: PlanLike, shared: Shared
     ) -> None:
         super().__init__(skill, version, spec.model, spec.deadline_ms, shared)
-        self.codec = spec.codec
+        self.spec = spec
         self.plan = split_plan
         count = len(split_plan.segments)
         self._hub = _per_segment(split_plan.hub_ms, count)
@@ -254,13 +254,12 @@ class SplitCoordinator(Route):
 
     def table(self) -> CostTable:
         """The candidate cuts as priced now, hub-only first, device-only last."""
-        ratio = _CODEC_RATIO.get(self.codec, 1.0)
         cuts = [
             CutCost(
                 name=cut.name,
                 device_ms=sum(self._device[: cut.after + 1]) * self.device_scale,
                 hub_ms=sum(self._hub[cut.after + 1 :]) * self.hub_scale,
-                bytes_up=int(cut.nbytes * ratio) + 8 * len(cut.tensors),
+                bytes_up=int(cut.nbytes * _CODEC_RATIO[self.codec_of(cut)]) + 8 * len(cut.tensors),
                 bytes_down=self.plan.output_bytes,
                 remote=True,
             )
@@ -302,8 +301,12 @@ class SplitCoordinator(Route):
                 self._last_remote = now
             return table.cuts[chosen].name
 
+    def codec_of(self, cut: CutLike) -> str:
+        """The codec ``cut`` travels in: the manifest's, or under ``auto`` the plan's."""
+        return self.spec.codec_at(cut.codec)
+
     def encode(self, split: str, tensors: Mapping[str, np.ndarray]) -> list[pb.TensorProto]:
-        """Check the tensors against cut ``split`` and encode them with the manifest's codec.
+        """Check the tensors against cut ``split`` and encode them in the cut's codec.
 
         Raises:
             SplitRefused: No such cut, other tensors than the cut's, or over a cap.
@@ -314,7 +317,8 @@ class SplitCoordinator(Route):
         from skills.tensor_codec import encode_protos  # noqa: PLC0415 - numpy: a split skill runs
 
         try:
-            protos = encode_protos(tensors, list(cut.tensors), self.codec, self.settings.limits)
+            codec = self.codec_of(cut)
+            protos = encode_protos(tensors, list(cut.tensors), codec, self.settings.limits)
         except TensorCodecError as exc:
             raise SplitRefused(f"cut {split!r}: {exc}") from exc
         for proto, name in zip(protos, cut.tensors, strict=True):

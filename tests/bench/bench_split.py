@@ -8,7 +8,9 @@ What runs where, all on this machine:
 * **hub** — ``edgeskill hub serve`` in its own process (SQLite, plain gRPC, its
   default tail serving: dynamic batching, 2 ms wait) with a skill whose model is
   EfficientNet-Lite0 at 224×224, split by ``add_split`` (``--k`` middle cuts,
-  fp16 activations), published and deployed to the bench device's group;
+  ``--codec``: by default ``auto``, each cut, the raw input too, in the smallest
+  codec whose top-1 disagreement on the 42 photos stays within 0.5 points),
+  published and deployed to the bench device's group;
 * **link** — :mod:`edgeskill.linkemu` in its own process (``linkproc.py``) between
   the device and the hub. A link "R at D ms" limits each direction to R and
   delays each direction by D/2: **D is the round trip** of a small message;
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -77,7 +80,6 @@ from edge_agent.split.runtime import time_ping
 from edge_agent.split.segments import SegmentRunner
 from edge_agent.transport.grpc import GrpcAgentTransport
 from protos import pb
-from skills.manifest import SplitSpec
 from skills.split_plan import HUB_ONLY, CutInfo
 from tests.support.split_skill import SKILL, SplitSkill, build_split_skill
 
@@ -115,7 +117,7 @@ class Device:
         self.skill = skill
         self.transport = transport
         self.feeds = feeds
-        self.spec = SplitSpec("net", "models/net/split.json", codec="fp16", deadline_ms=DEADLINE_MS)
+        self.spec = dataclasses.replace(skill.spec, deadline_ms=DEADLINE_MS)
         self.cuts: dict[str, CutInfo | None] = {c.name: c for c in skill.plan.cuts}
         self.cuts[DEVICE] = None
 
@@ -380,7 +382,8 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, SplitSkill, dic
     from converters.efficientnet import export_efficientnet_lite0, sample_photos  # noqa: PLC0415
 
     onnx_path = export_efficientnet_lite0(CACHE)
-    skill = build_split_skill(work, onnx_path, k=args.k, codec="fp16")
+    samples, _ = sample_photos(augment=True)  # the 42 photos the codecs are judged on
+    skill = build_split_skill(work, onnx_path, k=args.k, codec=args.codec, samples=samples)
     photos, _ = sample_photos(augment=False)
     return onnx_path, skill, {skill.plan.input_names[0]: np.ascontiguousarray(photos[1:2])}
 
@@ -392,10 +395,24 @@ def describe(
     return {
         "model": "EfficientNet-Lite0, 224x224, ImageNet weights; input a scikit-image photo",
         "cuts": [
-            {"name": c.name, "after": c.after, "fp32_bytes": c.nbytes} for c in skill.plan.cuts
+            {
+                "name": c.name,
+                "after": c.after,
+                "fp32_bytes": c.nbytes,
+                "codec": skill.spec.codec_at(c.codec),
+                "loss_pt": dict(c.loss_pt),
+            }
+            for c in skill.plan.cuts
         ],
         "names": f"{HUB_ONLY!r} = hub-only (the raw input crosses), {DEVICE!r} = device-only",
-        "codec": "fp16 at every cut, the raw input (hub-only) too; answers come back fp32",
+        "codec": f"{args.codec}: "
+        + (
+            "each cut, the raw input (hub-only) too, in the smallest codec whose top-1 "
+            "disagreement on the 42 photos stayed within 0.5 points (see cuts)"
+            if args.codec == "auto"
+            else "at every cut, the raw input (hub-only) too"
+        )
+        + "; answers come back fp32",
         "hub": "edgeskill hub serve in its own process: SQLite, plain gRPC, default tail "
         "batching (2 ms wait)",
         "link": "edgeskill.linkemu in its own process; the rate limits each direction; "
@@ -441,6 +458,12 @@ def parse_args() -> argparse.Namespace:
         "--pings", type=int, default=3, help="timed pings the link estimator learns from"
     )
     parser.add_argument("--k", type=int, default=5, help="middle cuts the skill ships")
+    parser.add_argument(
+        "--codec",
+        default="auto",
+        choices=["auto", "fp32", "fp16", "int8"],
+        help="the skill's activation codec (auto: per cut, by measured accuracy)",
+    )
     parser.add_argument(
         "--images", type=int, default=42, help="photos for the compression costs (6 or 42)"
     )

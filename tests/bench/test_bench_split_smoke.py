@@ -51,6 +51,10 @@ def test_bench_split_writes_its_scenarios_compression_and_goals(tmp_path: Path) 
     assert {"input", "device"} <= set(row["cuts"]) and len(row["cuts"]) == 4
     assert row["best_cut"] in row["cuts"] and row["planner_cut"] in row["cuts"]
     assert row["best_ms"] == min(row["cuts"].values()) > 0 and row["planner_ms"] > 0
+    # codec auto: every cut, hub-only's input too, in the codec its measured loss allowed
+    for cut in result["meta"]["cuts"]:
+        assert cut["codec"] in ("int8", "fp16", "fp32") and set(cut["loss_pt"]) == {"fp16", "int8"}
+        assert cut["codec"] != "int8" or cut["loss_pt"]["int8"] <= 0.5
     assert {c["model"] for c in result["compression"]} == {"efficientnet-lite0", "digits-cnn"}
     for cost in result["compression"]:
         assert {"codec", "cut", "bytes_ratio", "accuracy_loss_pt"} <= set(cost)

@@ -188,8 +188,116 @@ def test_the_cli_writes_the_split_and_shows_the_cuts(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--codec", "int8"])
 
     assert result.exit_code == 0, result.output
-    assert "int8 bytes" in result.output and "[[split]]" in result.output
+    assert "sent bytes" in result.output and "[[split]]" in result.output
     assert 'plan = "models/chain/split.json"' in result.output
     assert SplitPlan.load(tmp_path / "skill" / "models" / "chain" / "split.json").model == "chain"
     bad = CliRunner().invoke(app, [*args, "--codec", "bf16"])
     assert bad.exit_code == 2
+
+
+def _outlier_model() -> bytes:
+    """``x[4] → h = x[:3] → m = h[1:] → relu``: x and h carry a 10,000 beside two small logits.
+
+    An int8 scale stretched by the outlier rounds the two logits together (the
+    top-1 flips for about half the inputs); fp16 keeps them apart. ``m`` has no
+    outlier, so int8 is safe there.
+    """
+    pick_h = np.eye(4, 3, dtype=np.float32)
+    pick_m = np.eye(3, 2, k=-1, dtype=np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "ph"], ["h"]),
+        helper.make_node("MatMul", ["h", "pm"], ["m"]),
+        helper.make_node("Relu", ["m"], ["probs"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 2])],
+        [onnx.numpy_helper.from_array(pick_h, "ph"), onnx.numpy_helper.from_array(pick_m, "pm")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def _outlier_samples(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs whose two logits differ by at least 0.05, and their classes."""
+    rng = np.random.default_rng(3)
+    u = rng.uniform(0.1, 0.9, count)
+    gap = rng.uniform(0.05, 0.1, count) * rng.choice([-1.0, 1.0], count)
+    x = np.stack([np.full(count, 10_000.0), u, u + gap, np.zeros(count)], axis=1)
+    return x.astype(np.float32), (gap > 0).astype(np.int64)
+
+
+def test_codec_auto_gives_each_cut_the_smallest_codec_within_the_budget(tmp_path: Path) -> None:
+    net = tmp_path / "outlier.onnx"
+    net.write_bytes(_outlier_model())
+    x, y = _outlier_samples(200)
+
+    spec = add_split(tmp_path / "skill", "net", net, codec="auto", samples=x, labels=y)
+
+    assert spec.codec == "auto"
+    plan = SplitPlan.load(tmp_path / "skill" / spec.plan)
+    cuts = {c.name: c for c in plan.cuts}
+    assert [c.after for c in plan.cuts] == [-1, 0, 1]
+    losses = {name: dict(c.loss_pt) for name, c in cuts.items()}
+    # Where the outlier crosses, int8 costs tens of points and fp16 nothing.
+    for name in ("input", plan.cuts[1].name):
+        assert losses[name]["int8"] > 20.0 and losses[name]["fp16"] == 0.0
+        assert cuts[name].codec == "fp16"
+    last = plan.cuts[2]
+    assert losses[last.name] == {"fp16": 0.0, "int8": 0.0} and last.codec == "int8"
+
+    # A budget wide enough for the outlier's loss lets int8 through everywhere.
+    add_split(tmp_path / "wide", "net", net, codec="auto", samples=x, labels=y, max_loss_pt=100.0)
+    assert {c.codec for c in SplitPlan.load(tmp_path / "wide" / spec.plan).cuts} == {"int8"}
+    # Samples with a fixed codec: the costs are kept, no codec is chosen.
+    add_split(tmp_path / "fixed", "net", net, codec="fp16", samples=x)
+    fixed = SplitPlan.load(tmp_path / "fixed" / spec.plan)
+    assert all(c.codec is None and dict(c.loss_pt)["int8"] > 20.0 for c in fixed.cuts[:2])
+
+
+def test_codec_auto_without_usable_samples_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    net = tmp_path / "outlier.onnx"
+    net.write_bytes(_outlier_model())
+    x, y = _outlier_samples(8)
+
+    with pytest.raises(ConversionError, match="pass samples"):
+        add_split(tmp_path / "skill", "net", net, codec="auto")
+    with pytest.raises(ConversionError, match="shape"):
+        add_split(tmp_path / "skill", "net", net, codec="auto", samples=x[:, :3])
+    with pytest.raises(ConversionError, match="labels"):
+        add_split(tmp_path / "skill", "net", net, codec="auto", samples=x, labels=y[:3])
+    with pytest.raises(ConversionError, match="max_loss_pt"):
+        add_split(tmp_path / "skill", "net", net, codec="auto", samples=x, max_loss_pt=-1.0)
+    assert not (tmp_path / "skill" / "models").exists() or not any(
+        (tmp_path / "skill" / "models").iterdir()
+    )
+
+
+def test_the_cli_chooses_codecs_from_samples_and_shows_them(tmp_path: Path) -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from edgeskill.cli_model import app  # noqa: PLC0415
+
+    net = tmp_path / "outlier.onnx"
+    net.write_bytes(_outlier_model())
+    x, y = _outlier_samples(64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    args = ["split", str(net), "--skill-dir", str(tmp_path / "skill"), "--model", "net"]
+
+    given = ["--samples", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy")]
+    result = CliRunner().invoke(app, [*args, "--codec", "auto", *given])
+
+    assert result.exit_code == 0, result.output
+    assert 'codec = "auto"' in result.output and "int8" in result.output
+    plan = SplitPlan.load(tmp_path / "skill" / "models" / "net" / "split.json")
+    assert [c.codec for c in plan.cuts] == ["fp16", "fp16", "int8"]
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    bad_file = ["--samples", str(tmp_path / "bad.npy")]
+    bad = CliRunner().invoke(app, [*args, "--codec", "auto", *bad_file])
+    assert bad.exit_code == 2 and "not a readable .npy array" in bad.output
+    missing = CliRunner().invoke(app, [*args, "--codec", "auto"])
+    assert missing.exit_code == 2 and "pass samples" in missing.output

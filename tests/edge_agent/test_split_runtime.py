@@ -9,6 +9,7 @@ routing follows the threshold; the telemetry window counts the paths.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ from edge_agent.split.runtime import SkillBroker, SplitRuntime
 from edge_agent.workload import WindowStats
 from skills.manifest import JointSpec, Manifest, SplitSpec
 from skills.split_plan import SplitPlan
+from skills.tensor_codec import decode_protos
 from tests.fakes.split_hub import WEIGHTS, LocalTailHub, reference, write_split_model
 from tests.fakes.split_plans import three_segment_plan
 
@@ -85,6 +87,34 @@ def test_table_prices_cuts_from_the_profile_the_plan_and_the_codec() -> None:
     assert table.cuts[-1].local
     with pytest.raises(ValueError, match="segments"):
         route.set_profile([1.0])
+
+
+def test_under_codec_auto_each_cut_is_priced_and_sent_in_its_plan_codec() -> None:
+    plan = dataclasses.replace(
+        PLAN,
+        cuts=(
+            dataclasses.replace(PLAN.cuts[0], codec="fp16"),
+            dataclasses.replace(PLAN.cuts[1], codec="int8"),
+            PLAN.cuts[2],  # none chosen: fp16
+        ),
+    )
+    shared = Shared(LinkEstimator(), threading.Lock(), SplitSettings(), _Clock())
+
+    def route(codec: str) -> SplitCoordinator:
+        spec = SplitSpec(model="net", plan="models/net/split.json", codec=codec)
+        return SplitCoordinator("s", "1.0.0", spec, plan, shared)
+
+    auto, fixed = route("auto"), route("fp32")
+    assert [c.bytes_up for c in auto.table().cuts[:3]] == [500_008, 15_008, 2_008]
+    assert [c.bytes_up for c in fixed.table().cuts[:3]] == [1_000_008, 60_008, 4_008]
+    m = np.linspace(-1.0, 1.0, 8, dtype=np.float32).reshape(1, 8)
+    (sent,) = auto.encode("mid", {"m": m})
+    assert sent.dtype == "int8" and sent.name == "m"
+    (late,) = auto.encode("late", {"l": m})
+    assert late.dtype == "float16"
+    (exact,) = fixed.encode("mid", {"m": m})  # a fixed manifest codec wins over the plan's
+    assert exact.dtype == "float32"
+    np.testing.assert_allclose(decode_protos([sent], ["m"])["m"], m, atol=2.0 / 255)
 
 
 def test_cut_moves_when_the_link_changes_and_back() -> None:

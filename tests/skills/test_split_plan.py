@@ -50,6 +50,19 @@ def test_round_trip_and_cut_lookup() -> None:
     assert isinstance(SplitPlanError("x"), BundleError)
 
 
+def test_a_cut_may_carry_its_chosen_codec_and_measured_losses() -> None:
+    doc = plan_doc()
+    doc["cuts"][1] |= {"codec": "int8", "loss_pt": {"fp16": 0.0, "int8": 0.25}}
+
+    plan = SplitPlan.from_json(json.dumps(doc))
+
+    assert plan.cut("a").codec == "int8"
+    assert dict(plan.cut("a").loss_pt) == {"fp16": 0.0, "int8": 0.25}
+    assert plan.cut("a+b").codec is None and plan.cut("a+b").loss_pt == ()
+    assert SplitPlan.from_json(plan.to_json()) == plan
+    assert "codec" not in json.loads(plan.to_json())["cuts"][2]
+
+
 def test_the_hub_only_cut_is_implicit() -> None:
     doc = plan_doc()
     doc["cuts"] = doc["cuts"][1:]
@@ -121,6 +134,16 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
     "time nan": _set("hub_ms", [1.0, float("nan"), 0.5]),
     "time string": _set("hub_ms", [1.0, "2", 0.5]),
     "top not an object": lambda d: d.clear(),
+    "cut not an object": _set("cuts.1", ["a"]),
+    "unknown codec": _set("cuts.1.codec", "bf16"),
+    "codec not a string": _set("cuts.1.codec", 8),
+    "losses not an object": _set("cuts.1.loss_pt", [0.0]),
+    "no losses": _set("cuts.1.loss_pt", {}),
+    "loss of an unknown codec": _set("cuts.1.loss_pt", {"int4": 1.0}),
+    "loss over 100": _set("cuts.1.loss_pt", {"int8": 101.0}),
+    "negative loss": _set("cuts.1.loss_pt", {"int8": -1.0}),
+    "loss not a number": _set("cuts.1.loss_pt", {"int8": "0"}),
+    "loss nan": _set("cuts.1.loss_pt", {"int8": float("nan")}),
 }
 
 

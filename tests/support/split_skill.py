@@ -21,7 +21,7 @@ from cloud.split_build import add_split
 from protos import make_envelope, pb
 from protos.envelope import now_ms
 from skills.bundle import build_bundle
-from skills.manifest import JointSpec, Manifest, ModelVariant
+from skills.manifest import JointSpec, Manifest, ModelVariant, SplitSpec
 from skills.split_plan import SplitPlan
 from skills.tensor_codec import decode_protos, encode_protos
 from tests.support.tiny_models import digits_like_onnx
@@ -40,6 +40,7 @@ class SplitSkill:
     net: Path  # the full split model
     big: Path | None  # the joint pair's big model
     folder: Path  # the segments and split.json, as built
+    spec: SplitSpec  # its [[split]] declaration
 
 
 def build_split_skill(
@@ -50,13 +51,17 @@ def build_split_skill(
     version: str = "1.0.0",
     codec: str = "fp32",
     k: int = 6,
+    samples: np.ndarray | None = None,
 ) -> SplitSkill:
-    """Build the ``splitter`` bundle: ``net`` split (and a joint pair when ``big`` is given)."""
+    """Build the ``splitter`` bundle: ``net`` split (and a joint pair when ``big`` is given).
+
+    ``samples`` measure each codec's cost at each cut (needed for ``codec="auto"``).
+    """
     src = work / f"src-{version}"
     shutil.rmtree(src, ignore_errors=True)
     (src / "control").mkdir(parents=True)
     (src / "control" / "probe.py").write_text("class Probe:\n    pass\n")
-    spec = add_split(src, "net", net, k=k, codec=codec)
+    spec = add_split(src, "net", net, k=k, codec=codec, samples=samples)
     models: list[ModelVariant] = []
     joints: tuple[JointSpec, ...] = ()
     if big is not None:
@@ -78,7 +83,7 @@ def build_split_skill(
     (src / "skill.toml").write_text(manifest.to_toml())
     bundle = build_bundle(src, work / "dist")
     plan = SplitPlan.load(src / spec.plan)
-    return SplitSkill(bundle, version, plan, net, big, src / "models" / "net")
+    return SplitSkill(bundle, version, plan, net, big, src / "models" / "net", spec)
 
 
 def publish(hub: Hub, skill: SplitSkill, *, deploy: bool = True) -> None:
