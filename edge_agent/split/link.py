@@ -24,6 +24,19 @@ followed alike). With the defaults and requests every 50 ms, a ×10 bandwidth
 change is followed to within ~10 % in under a second of traffic. Every estimate
 stays inside a floor and a ceiling.
 
+A link with a token-bucket shaper in its path (``tc``'s tbf, a cellular
+scheduler, the project's link emulator) lets a burst through at once, so a
+request that fits the bucket reads as a very fast link, and a cut that sends
+much more would be priced far too cheaply. So the estimator also keeps the
+**marginal rate**: the median slope of network time over bytes between the
+largest recent requests and those at most ``1 / marginal_spread`` of their
+size (Theil–Sen over those pairs), i.e. what one more byte costs at the top of
+the sizes seen. A shaper's burst cancels out of that slope. When there is one
+(``marginal_min_pairs`` pairs within ``marginal_horizon_s``), the estimate is
+the lower of the two rates: the cautious side, and on a link without a burst
+both read the same. An agent that sends one cut only has no spread, and the
+per-request rate rules.
+
 Without pings or small requests the RTT can only fall, when a request takes
 less time than the RTT estimate (it bounds the RTT); otherwise a change of RTT
 shows up as a change of bandwidth: the time of requests of the usual size is
@@ -44,6 +57,9 @@ from edge_agent.split.planner import LinkEstimate
 
 __all__ = ["LinkConfig", "LinkEstimator", "RequestSample"]
 
+#: Requests within this share of a size count as that size for the marginal rate.
+_SAME_SIZE = 0.8
+
 
 @dataclass(frozen=True)
 class LinkConfig:
@@ -62,6 +78,10 @@ class LinkConfig:
         min_rtt_ms: The RTT floor.
         max_rtt_ms: The RTT ceiling.
         prior: The estimate before any sample.
+        marginal_window: Bandwidth samples the marginal rate is fitted over.
+        marginal_spread: How much smaller the lower requests of the slope must be.
+        marginal_min_pairs: The fewest such pairs for a marginal rate.
+        marginal_horizon_s: Samples older than this (seconds) no longer count for it.
 
     Raises:
         ValueError: a value is out of range.
@@ -76,6 +96,10 @@ class LinkConfig:
     min_rtt_ms: float = 0.01
     max_rtt_ms: float = 10_000.0
     prior: LinkEstimate = field(default_factory=lambda: LinkEstimate(50.0, 1.25e6))
+    marginal_window: int = 16
+    marginal_spread: float = 2.0
+    marginal_min_pairs: int = 3
+    marginal_horizon_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_constant_s) and self.time_constant_s > 0):
@@ -90,6 +114,14 @@ class LinkConfig:
             raise ValueError("need 0 < min_bandwidth_bps <= max_bandwidth_bps")
         if not 0 < self.min_rtt_ms <= self.max_rtt_ms:
             raise ValueError("need 0 < min_rtt_ms <= max_rtt_ms")
+        if not 2 <= self.marginal_window <= 64:
+            raise ValueError("marginal_window must be in [2, 64]")
+        if not (math.isfinite(self.marginal_spread) and self.marginal_spread > 1):
+            raise ValueError("marginal_spread must be finite and > 1")
+        if self.marginal_min_pairs < 1:
+            raise ValueError("marginal_min_pairs must be >= 1")
+        if not (math.isfinite(self.marginal_horizon_s) and self.marginal_horizon_s > 0):
+            raise ValueError("marginal_horizon_s must be finite and > 0")
 
 
 @dataclass(frozen=True)
@@ -169,6 +201,9 @@ class LinkEstimator:
         )
         self.rtt_samples = 0
         self.bandwidth_samples = 0
+        #: Recent bandwidth samples as (when, bytes, network ms), for the marginal rate.
+        self._sized: deque[tuple[float, int, float]] = deque(maxlen=self._config.marginal_window)
+        self._marginal: float | None = None
 
     @property
     def config(self) -> LinkConfig:
@@ -189,6 +224,42 @@ class LinkEstimator:
             self._add_rtt(sample.end, network)
         transfer = max(network - current.rtt_ms, self._config.min_transfer_share * network)
         self._add_bandwidth(sample.end, size / (transfer / 1000.0))
+        self._sized.append((sample.end, size, network))
+        self._marginal = self._marginal_rate(sample.end)
+
+    @property
+    def marginal_bps(self) -> float | None:
+        """The marginal rate (bytes/s) from the recent samples' sizes, if they allow one."""
+        return self._marginal
+
+    def _marginal_rate(self, now: float) -> float | None:
+        """The median ms per byte between the largest recent requests and the next size down.
+
+        A shaper's cost curve is flat up to its burst and straight after it, so
+        the slope that prices the cuts larger than the burst is the one at the
+        top of the sizes seen: between the requests within a fifth of the largest
+        and the largest ones at most ``1 / marginal_spread`` of it (Theil–Sen over
+        those pairs: a lone outlier does not move the median).
+        """
+        cfg = self._config
+        recent = [(b, ms) for t, b, ms in self._sized if now - t <= cfg.marginal_horizon_s]
+        if not recent:
+            return None
+        top = max(b for b, _ in recent)
+        below = [(b, ms) for b, ms in recent if b * cfg.marginal_spread <= top]
+        if not below:
+            return None
+        floor = max(b for b, _ in below)
+        upper = [(b, ms) for b, ms in recent if b >= _SAME_SIZE * top]
+        lower = [(b, ms) for b, ms in below if b >= _SAME_SIZE * floor]
+        slopes = sorted((m2 - m1) / (b2 - b1) for b2, m2 in upper for b1, m1 in lower)
+        if len(slopes) < cfg.marginal_min_pairs:
+            return None
+        middle = len(slopes) // 2
+        slope = slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+        if slope <= 0:
+            return None  # no measurable cost per byte: the per-request rate rules
+        return min(max(1000.0 / slope, cfg.min_bandwidth_bps), cfg.max_bandwidth_bps)
 
     def observe_timeout(self, sample: RequestSample) -> None:
         """Learn from a request that had not finished by ``sample.end`` (its deadline).
@@ -211,6 +282,8 @@ class LinkEstimator:
         bound = size / (transfer / 1000.0)
         if bound >= current.bandwidth_bps:
             return
+        self._sized.clear()  # from a faster link than this one
+        self._marginal = None
         cfg = self._config
         self._log_bandwidth = _Tracker(
             math.log(min(max(bound, cfg.min_bandwidth_bps), cfg.max_bandwidth_bps)),
@@ -238,6 +311,8 @@ class LinkEstimator:
             max(math.exp(self._log_bandwidth.value), cfg.min_bandwidth_bps),
             cfg.max_bandwidth_bps,
         )
+        if self._marginal is not None:
+            bandwidth = min(bandwidth, self._marginal)
         return LinkEstimate(
             rtt_ms=rtt,
             bandwidth_bps=bandwidth,

@@ -88,6 +88,80 @@ def test_the_cut_moves_within_one_second_of_a_bandwidth_change() -> None:
         assert cut == 1
 
 
+class ShapedLink:
+    """A token-bucket shaper: ``burst`` bytes pass at once, the rest at ``rate`` (bytes/s)."""
+
+    def __init__(self, rate: float, burst: int, rtt_ms: float, noise: float = 0.05) -> None:
+        self.rate, self.burst, self.rtt_ms = rate, burst, rtt_ms
+        self.rng = random.Random(11)
+        self.noise = noise
+
+    def request(self, start: float, up: int) -> RequestSample:
+        network_s = self.rtt_ms / 1000 + max(0, up + 1000 - self.burst) / self.rate
+        network_s *= self.rng.uniform(1 - self.noise, 1 + self.noise)
+        return RequestSample(start, start + network_s + HUB_MS / 1000, up, 1000, HUB_MS)
+
+
+#: The split bench's middle cuts of EfficientNet-Lite0 on the wire (int8 and fp16), bytes.
+CUT_SIZES = (75_300, 31_400, 15_700, 18_800, 2_600)
+
+
+def _warm(estimator: LinkEstimator, link: ShapedLink, sizes: tuple[int, ...], count: int) -> None:
+    """``count`` requests round-robin over ``sizes``, 50 ms apart, and a ping each 200 ms."""
+    for step in range(count):
+        now = step * PERIOD_S
+        estimator.observe(link.request(now, sizes[step % len(sizes)]))
+        if step % 4 == 0:
+            estimator.observe_rtt(now, link.rtt_ms)
+
+
+def test_a_shapers_burst_does_not_make_a_large_cut_look_cheap() -> None:
+    # 50 Mbit/s with a 5 ms bucket (31 kB): most cuts fit the bucket and read as instant.
+    link = ShapedLink(rate=6.25e6, burst=31_250, rtt_ms=10.0)
+    estimator = LinkEstimator()
+    _warm(estimator, link, CUT_SIZES, 7)  # the split bench's warm-up
+
+    estimate = estimator.estimate()
+    assert estimator.marginal_bps == pytest.approx(link.rate, rel=0.15)
+    assert estimate.bandwidth_bps == pytest.approx(link.rate, rel=0.15)
+    # hub-only's 150 kB: priced within a quarter of what it takes, where the
+    # per-request rate alone read the link several times too fast
+    true_ms = max(0, 150_000 + 1000 - link.burst) / link.rate * 1000
+    priced_ms = 151_000 / estimate.bandwidth_bps * 1000
+    assert priced_ms == pytest.approx(true_ms, rel=0.35)  # it leans high: the cautious side
+    only_per_request = LinkEstimator(LinkConfig(marginal_min_pairs=10_000))
+    _warm(only_per_request, link, CUT_SIZES, 7)
+    assert only_per_request.estimate().bandwidth_bps > 3 * link.rate
+
+
+def test_without_a_burst_the_marginal_rate_agrees_and_one_size_gives_none() -> None:
+    link = ShapedLink(rate=1.25e6, burst=0, rtt_ms=50.0)
+    estimator = LinkEstimator()
+    _warm(estimator, link, CUT_SIZES, 40)
+    assert estimator.estimate().bandwidth_bps == pytest.approx(link.rate, rel=0.2)
+    assert estimator.marginal_bps == pytest.approx(link.rate, rel=0.2)
+
+    one_size = LinkEstimator()
+    _warm(one_size, link, (31_400,), 40)
+    assert one_size.marginal_bps is None
+    assert one_size.estimate().bandwidth_bps == pytest.approx(link.rate, rel=0.2)
+
+
+def test_the_marginal_rate_forgets_old_samples_and_a_timeout() -> None:
+    slow = ShapedLink(rate=1.25e5, burst=0, rtt_ms=20.0, noise=0.0)
+    estimator = LinkEstimator()
+    _warm(estimator, slow, CUT_SIZES, 10)
+    assert estimator.marginal_bps == pytest.approx(slow.rate, rel=0.05)
+    # a link 100x faster, seconds later: the slow samples are past the horizon
+    fast = ShapedLink(rate=1.25e7, burst=0, rtt_ms=20.0, noise=0.0)
+    for step in range(10):
+        now = 10.0 + step * PERIOD_S
+        estimator.observe(fast.request(now, CUT_SIZES[step % len(CUT_SIZES)]))
+    assert estimator.marginal_bps == pytest.approx(fast.rate, rel=0.05)
+    estimator.observe_timeout(RequestSample(11.0, 12.0, 75_300, 0))
+    assert estimator.marginal_bps is None
+
+
 def test_a_lone_outlier_barely_moves_the_estimate() -> None:
     estimator = LinkEstimator()
     link = SimulatedLink(10e6, noise=0.0)
