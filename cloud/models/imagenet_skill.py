@@ -130,7 +130,11 @@ def build_imagenet_skill(
             onnx_path = export_efficientnet_lite0(cache_dir or default_cache_dir())
             photos, _ = sample_photos(augment=False)
             sample = np.ascontiguousarray(photos[_SAMPLE_PHOTO : _SAMPLE_PHOTO + 1])
-            spec = add_split(work, _MODEL, onnx_path, k=k, codec=declared.codec, sample=sample)
+            # codec auto: each cut's codec is judged on the 42 photos (the six and their variants)
+            judged = sample_photos(augment=True)[0] if declared.codec == "auto" else None
+            spec = add_split(
+                work, _MODEL, onnx_path, k=k, codec=declared.codec, sample=sample, samples=judged
+            )
             names = [imagenet_label(i) for i in range(1000)]
         except (ConverterError, SkillError) as exc:
             raise FactoryError(f"cannot build the imagenet model: {exc}") from exc

@@ -125,6 +125,13 @@ def test_skill_build_exports_and_cuts_the_imagenet_folder(tmp_path: Path) -> Non
     installed = install_bundle(out / "imagenet-1.0.0.skill", tmp_path / "installed")
     plan = SplitPlan.load(tmp_path / "installed" / installed.splits[0].plan)
     assert plan.model == "classifier" and len(plan.segments) >= 2  # cut, which the folder is not
+    # codec auto: each cut in the smallest codec its measured top-1 cost allowed
+    assert installed.splits[0].codec == "auto"
+    for cut in plan.cuts:
+        losses = dict(cut.loss_pt)
+        assert set(losses) == {"fp16", "int8"} and cut.codec in ("int8", "fp16", "fp32")
+        assert cut.codec == ("int8" if losses["int8"] <= 0.5 else "fp16")
+    assert plan.cuts[0].codec == "int8"  # the photo crosses as bytes, not as half floats
     for segment in plan.segments:
         assert (tmp_path / "installed" / "models" / "classifier" / segment.file).is_file()
     labels = (tmp_path / "installed" / "control" / "imagenet_labels.txt").read_text().splitlines()
