@@ -187,6 +187,10 @@ class Agent:
         self._report_due = True
         self._started = clock()
         self._in_flight: dict[str, float] = {}
+        #: Whether the outbox may hold entries not yet sent (the last pass failed or was full).
+        self._flush_more = True
+        #: Periodic flushes skipped because nothing could be waiting to go.
+        self.flushes_skipped = 0
         self._seq = _read_int(config.state_dir / "telemetry.seq")
 
     @property
@@ -413,17 +417,27 @@ class Agent:
     async def _flush_loop(self) -> None:
         while True:
             await _wait_set(self._wake_flush, 1.0)
+            woken = self._wake_flush.is_set()
             self._wake_flush.clear()
             transport = self.transport
             if transport is None:
+                continue
+            # A quiet second with nothing awaiting its ack and nothing left over from the
+            # last pass has nothing to send: the outbox is not read (a new entry, an ack
+            # and a new session each wake this loop). Idle, an agent then reads its flash
+            # only when it has something to say.
+            if not woken and not self._in_flight and not self._flush_more:
+                self.flushes_skipped += 1
                 continue
             with contextlib.suppress(TransportError):
                 await self._flush(transport)
 
     async def _flush(self, transport: AgentTransport) -> None:
         # Only committed entries are read back here, so nothing leaves before it is durable.
+        self._flush_more = True  # until this pass has sent all it read
         now = self._clock()
-        for entry in await asyncio.to_thread(self.outbox.pending, _FLUSH_BATCH):
+        entries = await asyncio.to_thread(self.outbox.pending, _FLUSH_BATCH)
+        for entry in entries:
             sent = self._in_flight.get(entry.msg_id)
             if sent is not None and now - sent < self.config.ack_timeout_s:
                 continue
@@ -435,6 +449,7 @@ class Agent:
                 continue
             await transport.send(env)
             self._in_flight[entry.msg_id] = now
+        self._flush_more = len(entries) >= _FLUSH_BATCH  # a full read: more may wait
 
     # -- reconcile --------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from rich.table import Table
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from edgeskill.sim.run import ram_folder
 from tests.support.services import mqtt_url
 
 RESULTS = Path(__file__).parent / "results" / "rollout.json"
@@ -126,14 +127,22 @@ def main() -> None:
     parser.add_argument(
         "--transports", type=lambda v: v.split(","), default=["mqtt", "grpc"], help="a,b"
     )
+    parser.add_argument(
+        "--state-on-disk",
+        action="store_true",
+        help="keep the devices' state on this host's disk, not in RAM",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="edgeskill-bench-rollout-") as tmp:
+    # The devices' state in RAM, as `edgeskill sim` keeps it by default (see ram_folder).
+    ram = None if args.state_on_disk else ram_folder()
+    with tempfile.TemporaryDirectory(prefix="edgeskill-bench-rollout-", dir=ram) as tmp:
         rows = [run_once(t, args, Path(tmp)) for t in args.transports]
     print_table(rows)
     meta = {
         "cpu_count": os.cpu_count(),
         "hub": "one `hub serve` process, SQLite store, insecure (no TLS)",
+        "device_state": "disk" if ram is None else f"RAM ({ram})",
         "strategy": "all at once; the wave opens at the deployment",
         "load_processes": args.procs,
         "rate_per_device": args.rate,

@@ -11,6 +11,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -339,3 +340,47 @@ def test_a_module_that_swallows_its_cancellation_does_not_hang_the_stop(
     assert ended == ["polite"]
     assert "agent module stubborn did not stop within 0.3 s" in caplog.text
     assert "in stubborn" in caplog.text
+
+
+def test_a_quiet_agent_skips_its_outbox_read_and_still_resends_what_was_not_acked(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, ack_timeout_s=1.0)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    agent = _agent(config, transport, FakeLauncher())
+    reads: list[int] = []
+    read_pending = agent.outbox.pending
+
+    def counted(limit: int = 100) -> list[Any]:
+        reads.append(limit)
+        return read_pending(limit)
+
+    agent.outbox.pending = counted  # type: ignore[method-assign]
+
+    def times_sent(msg_id: str) -> int:
+        return sum(e.id == msg_id for e in transport.sent)
+
+    async def ack_everything_sent() -> None:
+        ids = sorted({e.id for e in transport.sent if kind_of(e) != "heartbeat"})
+        await transport.inbox.put(make_envelope("hub", ack=pb.Ack(ids=ids)))
+        await async_wait_until(lambda: len(agent.outbox) == 0, 10, "the acks to release all")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await async_wait_until(lambda: len(transport.sent) > 0, 10, "the first report")
+        await ack_everything_sent()
+        # Nothing waits for an ack and nothing is left: the once-a-second wake reads nothing.
+        skipped, before = agent.flushes_skipped, len(reads)
+        await async_wait_until(lambda: agent.flushes_skipped >= skipped + 2, 10, "quiet seconds")
+        assert len(reads) == before
+        # A new entry still leaves at once, and unacked it goes again after ack_timeout_s.
+        env = make_envelope("cam-1", telemetry=pb.Telemetry(skill="s", version="1"))
+        await agent.enqueue(env)
+        await async_wait_until(lambda: times_sent(env.id) == 1, 5, "the entry sent")
+        await async_wait_until(lambda: times_sent(env.id) == 2, 10, "the resend after the timeout")
+        await ack_everything_sent()
+        stop.set()
+        await running
+
+    asyncio.run(main())
