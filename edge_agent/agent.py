@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 TransportFactory = Callable[[], AgentTransport]
 
 _FLUSH_BATCH = 200
+#: How often a quiet outbox loop wakes with nothing to wake it (a new entry, an ack does).
+_QUIET_FLUSH_RECHECK_S = 30.0
+#: How often the workload looks for a skill to feed when no state change woke it.
+_WORKLOAD_RECHECK_S = 5.0
 #: The first wait before reconnecting; it doubles up to ``config.max_backoff_s``.
 _FIRST_BACKOFF_S = 0.2
 #: How often the first metadata refresh looks for a session to run on.
@@ -169,6 +173,8 @@ class Agent:
         # Set when the hub's Welcome changes the interval, so a sleeping heartbeat
         # loop takes the new one at once instead of after the default 5 s.
         self._beat_changed = asyncio.Event()
+        #: Set when a skill's state changes: the workload looks for something to feed.
+        self._skills_changed = asyncio.Event()
         self.windows: dict[tuple[str, str], WindowStats] = {}
         #: Drift against each running version's bundled reference, per telemetry window.
         self.drift = DriftWatch(clock)
@@ -416,13 +422,15 @@ class Agent:
 
     async def _flush_loop(self) -> None:
         while True:
-            await _wait_set(self._wake_flush, 1.0)
+            # Quiet (nothing awaiting its ack, nothing left over), only an event wakes it.
+            busy = bool(self._in_flight) or self._flush_more
+            await _wait_set(self._wake_flush, 1.0 if busy else _QUIET_FLUSH_RECHECK_S)
             woken = self._wake_flush.is_set()
             self._wake_flush.clear()
             transport = self.transport
             if transport is None:
                 continue
-            # A quiet second with nothing awaiting its ack and nothing left over from the
+            # A quiet wake with nothing awaiting its ack and nothing left over from the
             # last pass has nothing to send: the outbox is not read (a new entry, an ack
             # and a new session each wake this loop). Idle, an agent then reads its flash
             # only when it has something to say.
@@ -455,6 +463,7 @@ class Agent:
 
     def _changed(self) -> None:
         self._report_due = True
+        self._skills_changed.set()
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -501,6 +510,7 @@ class Agent:
 
         done: set[tuple[str, str]] = set()
         while True:
+            self._skills_changed.clear()  # before looking: a change from now on wakes the wait
             fed = False
             for name, proc in self.reconciler.running().items():
                 key = (name, self.reconciler.version_of(name))
@@ -510,7 +520,9 @@ class Agent:
                     done.add(key)
                     fed = True
             if not fed:
-                await asyncio.sleep(0.2)
+                # Nothing to feed until a skill starts (the reconciler says so), with a
+                # recheck in case: not a poll of every agent five times a second.
+                await _wait_set(self._skills_changed, _WORKLOAD_RECHECK_S)
 
     async def _feed(self, key: tuple[str, str], proc: SkillProcess, source: Source) -> None:
         started = time.monotonic()

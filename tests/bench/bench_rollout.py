@@ -67,7 +67,10 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
         console.print(done.stdout[-3000:], done.stderr[-3000:], markup=False)
         raise SystemExit(f"the {transport} run wrote no summary (exit {done.returncode})")
     summary = json.loads(out.read_text(encoding="utf-8"))
-    upgrade = next(v for v in summary["versions"] if v["version"] == "2.0.0")
+    upgrade = next((v for v in summary["versions"] if v["version"] == "2.0.0"), None)
+    if upgrade is None:  # stopped before the upgrade: say where
+        console.print(done.stdout[-4000:], done.stderr[-3000:], markup=False)
+        raise SystemExit(f"the {transport} run stopped before 2.0.0 (exit {done.returncode})")
     converge = upgrade["converge_s"] if upgrade["converged"] else None
     greengrass_s = args.devices / GREENGRASS_PER_MIN * 60
     return {
