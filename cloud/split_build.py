@@ -177,6 +177,7 @@ def codec_losses(
     ]
     output = pieces[-1].outputs[0]
     reference = np.array([int(np.argmax(env[output])) for env in envs])
+    truth = None if labels is None else np.asarray(labels)
     losses: dict[str, dict[str, float]] = {}
     for cut in cuts:
         losses[cut.name] = {}
@@ -187,10 +188,9 @@ def codec_losses(
                 out = run_segments(sessions, pieces, sent, start=cut.after + 1)
                 top1.append(int(np.argmax(out[output])))
             got = np.array(top1)
-            if labels is None:
+            if truth is None:
                 points = 100.0 * float(np.mean(got != reference))
             else:
-                truth = np.asarray(labels)
                 points = 100.0 * float(np.mean(reference == truth) - np.mean(got == truth))
             losses[cut.name][codec] = round(max(points, 0.0), 3)
     return losses

@@ -17,11 +17,11 @@ from edgeskill._common import console, print_error
 if TYPE_CHECKING:
     import numpy as np
 
+    from skills.manifest import SplitSpec
     from skills.split_plan import SplitPlan
 
 __all__ = ["cuts_table", "split"]
 
-_CODEC_BYTES = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
 #: The largest ``--samples`` or ``--labels`` file read.
 MAX_SAMPLES_FILE_BYTES = 512 * 1024 * 1024
 
@@ -93,7 +93,7 @@ def split(
     except (ConverterError, SkillError) as exc:
         print_error(str(exc))
         raise typer.Exit(2) from exc
-    console.print(cuts_table(plan, codec))
+    console.print(cuts_table(plan, spec))
     console.print(
         f"\n[[split]]\nmodel = {spec.model!r}\nplan = {spec.plan!r}\ncodec = {spec.codec!r}\n"
         f"deadline_ms = {spec.deadline_ms}".replace("'", '"'),
@@ -101,16 +101,16 @@ def split(
     )
 
 
-def cuts_table(plan: SplitPlan, codec: str) -> Table:
+def cuts_table(plan: SplitPlan, spec: SplitSpec) -> Table:
     """The cuts of ``plan``: what crosses in which codec, its measured cost, each side's time."""
-    from skills.split_spec import AUTO_FALLBACK_CODEC  # noqa: PLC0415
+    from skills.codec_limits import BYTES_PER_FP32  # noqa: PLC0415
 
     table = Table(title=f"{plan.model}: {len(plan.segments)} segments")
     columns = ("cut", "after", "tensors", "bytes", "codec", "sent bytes", "loss pt fp16/int8")
     for column in (*columns, "device ms", "hub ms"):
         table.add_column(column, justify="left" if column in ("cut", "codec") else "right")
     for cut in plan.cuts:
-        used = (cut.codec or AUTO_FALLBACK_CODEC) if codec == "auto" else codec
+        used = spec.codec_at(cut.codec)
         losses = dict(cut.loss_pt)
         table.add_row(
             cut.name[:48],
@@ -118,7 +118,7 @@ def cuts_table(plan: SplitPlan, codec: str) -> Table:
             str(len(cut.tensors)),
             f"{cut.nbytes:,}",
             used,
-            f"{int(cut.nbytes * _CODEC_BYTES[used]):,}",
+            f"{int(cut.nbytes * BYTES_PER_FP32[used]):,}",
             "/".join(f"{losses[c]:.2f}" if c in losses else "-" for c in ("fp16", "int8")),
             f"{sum(plan.device_ms[: cut.after + 1]):.2f}",
             f"{sum(plan.hub_ms[cut.after + 1 :]):.2f}",

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CODECS", "DEFAULT_LIMITS", "MAX_INFER_BYTES", "WIRE_LIMITS", "CodecLimits"]
+__all__ = [
+    "BYTES_PER_FP32",
+    "CODECS",
+    "DEFAULT_LIMITS",
+    "MAX_INFER_BYTES",
+    "WIRE_LIMITS",
+    "CodecLimits",
+]
 
 CODECS = ("fp32", "fp16", "int8")
+#: Each codec's payload per float32 byte (int8's scale and zero point aside).
+BYTES_PER_FP32 = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
 
 
 @dataclass(frozen=True)

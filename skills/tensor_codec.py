@@ -31,10 +31,18 @@ from typing import Any
 import numpy as np
 
 from protos import edgeskill_pb2 as pb
-from skills.codec_limits import CODECS, DEFAULT_LIMITS, MAX_INFER_BYTES, WIRE_LIMITS, CodecLimits
+from skills.codec_limits import (
+    BYTES_PER_FP32,
+    CODECS,
+    DEFAULT_LIMITS,
+    MAX_INFER_BYTES,
+    WIRE_LIMITS,
+    CodecLimits,
+)
 from skills.errors import TensorCodecError
 
 __all__ = [
+    "BYTES_PER_FP32",
     "CODECS",
     "DEFAULT_LIMITS",
     "MAX_INFER_BYTES",

@@ -32,7 +32,7 @@ from edge_agent.split.planner import (
     plan,
 )
 from protos import pb
-from skills.codec_limits import DEFAULT_LIMITS, CodecLimits
+from skills.codec_limits import BYTES_PER_FP32, DEFAULT_LIMITS, CodecLimits
 from skills.errors import TensorCodecError
 
 if TYPE_CHECKING:
@@ -57,7 +57,6 @@ DEVICE = "device"
 #: The plan value of a joint pair whose hard inputs may go to the hub.
 JOINT = "joint"
 _JOINT_CODEC = "fp32"
-_CODEC_RATIO = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
 
 
 class SplitRefused(ValueError):
@@ -259,7 +258,8 @@ class SplitCoordinator(Route):
                 name=cut.name,
                 device_ms=sum(self._device[: cut.after + 1]) * self.device_scale,
                 hub_ms=sum(self._hub[cut.after + 1 :]) * self.hub_scale,
-                bytes_up=int(cut.nbytes * _CODEC_RATIO[self.codec_of(cut)]) + 8 * len(cut.tensors),
+                bytes_up=int(cut.nbytes * BYTES_PER_FP32[self.codec_of(cut)])
+                + 8 * len(cut.tensors),
                 bytes_down=self.plan.output_bytes,
                 remote=True,
             )
