@@ -16,7 +16,7 @@ import contextlib
 import io
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from edge_agent.errors import AgentError, RuntimeBackendError, TransportError
 from edge_agent.hublink import HubLink
 from edge_agent.installs import InstallStore
 from edge_agent.metrics import InferenceCounter, start_agent_metrics
-from edge_agent.outbox import Outbox, OutboxWriter
+from edge_agent.outbox import NewEntry, Outbox, OutboxEntry, OutboxWriter
 from edge_agent.profile import DeviceProfile
 from edge_agent.reconciler import FetchTarget, Reconciler
 from edge_agent.sandbox import SkillItemError, SkillProcess
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 TransportFactory = Callable[[], AgentTransport]
 
 _FLUSH_BATCH = 200
+#: The outbox mark holding the last telemetry window's sequence number.
+TELEMETRY_SEQ = "telemetry.seq"
 #: How often a quiet outbox loop wakes with nothing to wake it (a new entry, an ack does).
 _QUIET_FLUSH_RECHECK_S = 30.0
 #: How often the workload looks for a skill to feed when no state change woke it.
@@ -197,7 +199,8 @@ class Agent:
         self._flush_more = True
         #: Periodic flushes skipped because nothing could be waiting to go.
         self.flushes_skipped = 0
-        self._seq = _read_int(config.state_dir / "telemetry.seq")
+        # The number lives in the outbox; earlier agents kept it in a file of its own.
+        self._seq = max(outbox.counter(TELEMETRY_SEQ), _read_int(config.state_dir / TELEMETRY_SEQ))
 
     @property
     def desired(self) -> pb.DesiredState | None:
@@ -297,6 +300,7 @@ class Agent:
                 connected, backoff = True, _FIRST_BACKOFF_S
                 self.link.attach(transport)
                 self._in_flight.clear()
+                self._flush_more = True  # what was in flight goes again: read the outbox
                 self._report_due = True
                 self._wake_flush.set()
                 async with asyncio.TaskGroup() as tg:
@@ -409,15 +413,16 @@ class Agent:
 
     # -- outbox: everything sent up is kept until the hub acknowledges it -------
 
-    async def enqueue(self, env: pb.Envelope) -> None:
+    async def enqueue(self, env: pb.Envelope, marks: Mapping[str, int] | None = None) -> None:
         """Store a message durably for sending; it survives restarts and outages.
 
-        Returns once the message is committed; only then may it be sent.
+        Returns once the message is committed (with ``marks``, see
+        :meth:`Outbox.put_many`); only then may it be sent.
 
         Raises:
             OutboxError: the message is malformed or too large, or the outbox failed.
         """
-        await self._writer.put(env.id, kind_of(env), encode_envelope(env))
+        await self._writer.put(env.id, kind_of(env), encode_envelope(env), marks)
         self._wake_flush.set()
 
     async def _flush_loop(self) -> None:
@@ -441,10 +446,25 @@ class Agent:
                 await self._flush(transport)
 
     async def _flush(self, transport: AgentTransport) -> None:
-        # Only committed entries are read back here, so nothing leaves before it is durable.
-        self._flush_more = True  # until this pass has sent all it read
+        # Only committed entries are sent, so nothing leaves before it is durable.
         now = self._clock()
+        committed = self._writer.take_committed()
+        overdue = any(now - sent >= self.config.ack_timeout_s for sent in self._in_flight.values())
+        if committed is not None and not self._flush_more and not overdue:
+            # Everything older was sent in this session and is awaiting its ack in time:
+            # what the writer committed since is all there is to send, without a read.
+            self._flush_more = True  # until all of them are sent
+            await self._send_entries(transport, committed, now)
+            self._flush_more = False
+            return
+        self._flush_more = True  # until this pass has sent all it read
         entries = await asyncio.to_thread(self.outbox.pending, _FLUSH_BATCH)
+        await self._send_entries(transport, entries, now)
+        self._flush_more = len(entries) >= _FLUSH_BATCH  # a full read: more may wait
+
+    async def _send_entries(
+        self, transport: AgentTransport, entries: Sequence[OutboxEntry | NewEntry], now: float
+    ) -> None:
         for entry in entries:
             sent = self._in_flight.get(entry.msg_id)
             if sent is not None and now - sent < self.config.ack_timeout_s:
@@ -457,7 +477,6 @@ class Agent:
                 continue
             await transport.send(env)
             self._in_flight[entry.msg_id] = now
-        self._flush_more = len(entries) >= _FLUSH_BATCH  # a full read: more may wait
 
     # -- reconcile --------------------------------------------------------------
 
@@ -529,7 +548,10 @@ class Agent:
         for i in range(len(source)):
             item, label = source.item(i)
             try:
-                result, ms = await asyncio.to_thread(proc.process, item)
+                if getattr(proc, "answers_inline", False):  # a stand-in that never blocks
+                    result, ms = proc.process(item)
+                else:  # a control process answers over its pipe: wait in a worker thread
+                    result, ms = await asyncio.to_thread(proc.process, item)
             except SkillItemError:  # the skill raised on this item and serves on
                 self.windows.setdefault(key, WindowStats(*key)).record_error()
             except AgentError as exc:
@@ -559,16 +581,18 @@ class Agent:
         samples = self.samples.flush_all()
         for key, stats in windows.items():
             if stats.inferences:
-                dropped = await asyncio.to_thread(self.outbox.take_dropped)
+                dropped = 0
+                if self.outbox.has_dropped:  # usually not: then no database read at all
+                    dropped = await asyncio.to_thread(self.outbox.take_dropped)
                 self.outbox_dropped_total += dropped
                 gauges = {**self.splits.metrics(*key), **drift.get(key, {})}
                 msg = stats.to_message(dropped=dropped, gauges=gauges)
-                # A per-device sequence number lets the hub (and tests) see gaps and repeats.
+                # A per-device sequence number lets the hub (and tests) see gaps and repeats;
+                # it is stored with the window that carries it, in one commit.
                 self._seq += 1
-                seq_file = self.config.state_dir / "telemetry.seq"
-                await asyncio.to_thread(_write_int, seq_file, self._seq)
                 msg.metrics["seq"] = float(self._seq)
-                await self.enqueue(make_envelope(self.config.device_id, telemetry=msg))
+                env = make_envelope(self.config.device_id, telemetry=msg)
+                await self.enqueue(env, marks={TELEMETRY_SEQ: self._seq})
         if samples and await asyncio.to_thread(len, self.outbox) >= _SAMPLES_BACKLOG:
             self.drift_samples_skipped += sum(len(m.samples) for m in samples)
             samples = []
@@ -581,12 +605,6 @@ def _read_int(path: Path) -> int:
         return int(path.read_text(encoding="ascii").strip() or 0)
     except (FileNotFoundError, ValueError):
         return 0
-
-
-def _write_int(path: Path, value: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(value), encoding="ascii")
-    tmp.replace(path)
 
 
 def _stale_reason(message: str) -> str:

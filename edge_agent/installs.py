@@ -18,7 +18,9 @@ from __future__ import annotations
 import secrets
 import shutil
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from edge_agent._install_layout import (
 )
 from edge_agent.errors import InstallError
 
-__all__ = ["MARKER", "InstallStore", "InstalledSkill"]
+__all__ = ["MARKER", "InstallStore", "InstalledSkill", "SkillOnDisk"]
 
 
 InstallFn = Callable[[Path, Path], object]
@@ -75,6 +77,28 @@ class InstalledSkill:
     previous: str | None
 
 
+@dataclass(frozen=True)
+class SkillOnDisk:
+    """One skill folder as :meth:`InstallStore.inventory` found it.
+
+    Attributes:
+        name: The skill name.
+        active: Its active version, if it has one.
+        versions: Its complete versions, sorted by name.
+    """
+
+    name: str
+    active: InstalledSkill | None
+    versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Scan:
+    epoch: int
+    at: float
+    skills: tuple[SkillOnDisk, ...]
+
+
 class InstallStore:
     """Skill versions unpacked under ``<root>/skills`` and switched atomically.
 
@@ -104,11 +128,55 @@ class InstallStore:
         self._install_fn = install_fn or _install_bundle
         self._hook: StepHook = step_hook or (lambda _step: None)
         self._lock = threading.RLock()
+        #: Bumped by every change made through this store; a scan of an older epoch is stale.
+        self._epoch = 0
+        self._scan: _Scan | None = None
         try:
             self._skills.mkdir(parents=True, exist_ok=True)
             self.bundles_dir.mkdir(exist_ok=True)
         except OSError as exc:
             raise InstallError(f"cannot create the install folders under {root}: {exc}") from exc
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the lock for a change; the last inventory is stale afterwards, even on error."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._epoch += 1
+
+    def inventory(self, max_age_s: float = 60.0) -> tuple[SkillOnDisk, ...]:
+        """Every skill folder with its active and complete versions, sorted by name.
+
+        The agent asks every few seconds whether its installs match what it wants.
+        Nothing changes on disk but through this store (one agent owns a state
+        folder), so the last scan is reused until a change is made here or it is
+        ``max_age_s`` old: an idle device does not list and stat its skill folders
+        every few seconds, and a change behind the agent's back (an operator, a
+        damaged disk) is still seen within ``max_age_s``.
+
+        Raises:
+            InstallError: The folders cannot be read.
+        """
+        cached = self.cached_inventory(max_age_s)
+        if cached is not None:
+            return cached
+        with self._lock:
+            epoch = self._epoch
+            skills = tuple(
+                SkillOnDisk(name, self.current(name), tuple(self.versions(name)))
+                for name in self.skill_names()
+            )
+            self._scan = _Scan(epoch, time.monotonic(), skills)
+        return skills
+
+    def cached_inventory(self, max_age_s: float = 60.0) -> tuple[SkillOnDisk, ...] | None:
+        """The last :meth:`inventory` if nothing changed since and it is fresh; never blocks."""
+        scan = self._scan  # one read: a scan and its epoch belong together
+        if scan is None or scan.epoch != self._epoch or time.monotonic() - scan.at > max_age_s:
+            return None
+        return scan.skills
 
     @property
     def bundles_dir(self) -> Path:
@@ -130,7 +198,7 @@ class InstallStore:
             InstallError: The folders cannot be read or changed.
         """
         cleaned: list[str] = []
-        with self._lock:
+        with self._changing():
             try:
                 for entry in sorted(self._skills.iterdir()):
                     if entry.name.startswith("."):
@@ -203,7 +271,7 @@ class InstallStore:
         """
         skill_dir = self._skill_dir(name)
         dest = skill_dir / check_name("version", version, version=True)
-        with self._lock:
+        with self._changing():
             if is_complete(dest):
                 return dest
             new_skill = not skill_dir.exists()
@@ -241,7 +309,7 @@ class InstallStore:
         """
         skill_dir = self._skill_dir(name)
         check_name("version", version, version=True)
-        with self._lock:
+        with self._changing():
             if not is_complete(skill_dir / version):
                 raise InstallError(f"{name} {version} is not installed")
             cur = self._active(skill_dir, "current")
@@ -266,7 +334,7 @@ class InstallStore:
             InstallError: There is no complete previous version, or the links cannot be switched.
         """
         skill_dir = self._skill_dir(name)
-        with self._lock:
+        with self._changing():
             prev = self._active(skill_dir, "previous")
             cur = self._active(skill_dir, "current")
             if prev is None or prev == cur:
@@ -344,7 +412,7 @@ class InstallStore:
             InstallError: Bad name, or the folder cannot be removed.
         """
         skill_dir = self._skill_dir(name)
-        with self._lock:
+        with self._changing():
             if not skill_dir.exists():
                 return
             try:
@@ -366,7 +434,7 @@ class InstallStore:
         if keep < 1:
             raise InstallError(f"prune must keep at least one version, got keep={keep}")
         skill_dir = self._skill_dir(name)
-        with self._lock:
+        with self._changing():
             if not skill_dir.is_dir():
                 return
             try:

@@ -12,6 +12,12 @@ waits on the disk and a burst of messages costs a few syncs, not one each.
 The outbox is bounded. When a new entry would exceed a cap, the oldest entries are
 dropped to make room (fresh telemetry is worth more than stale), and the number dropped
 is kept in a persistent counter so the hub can be told what was lost.
+
+Besides its entries the outbox keeps named numbers (marks, :meth:`Outbox.counter`) written in
+the same transaction as the entries put with them: the agent's telemetry sequence
+number is stored with the window that carries it, so neither survives a crash
+without the other. Reads take no write lock, and an idle agent's periodic questions
+("anything dropped?") are answered from memory: the outbox is this process's own.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +40,10 @@ MAX_ID_LENGTH = 256
 """Longest accepted ``msg_id`` and ``kind``, in characters."""
 
 _MAX_PENDING_LIMIT = 10_000
+#: Most committed entries an :class:`OutboxWriter` keeps for its sender.
+_MAX_COMMITTED = 1000
+#: Counter names the outbox keeps for itself; marks may not use them.
+_OWN_COUNTERS = frozenset({"dropped", "count", "bytes"})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -49,9 +59,7 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO counters (name, value) VALUES ('dropped', 0);
-INSERT OR REPLACE INTO counters (name, value) SELECT 'count', COUNT(*) FROM entries;
-INSERT OR REPLACE INTO counters (name, value)
-    SELECT 'bytes', COALESCE(SUM(LENGTH(payload)), 0) FROM entries;
+DELETE FROM counters WHERE name IN ('count', 'bytes');
 """
 
 
@@ -112,10 +120,13 @@ class Outbox:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._max_payload = max_payload
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # take_dropped holds it around a transaction
         self._conn: sqlite3.Connection | None = None
+        self._count = self._bytes = 0  # waiting entries and their payload bytes
         #: Write transactions :meth:`put_many` has committed (batching shows as fewer).
         self.commits = 0
+        #: Whether the dropped counter may be above zero (it is read at open, set on a drop).
+        self._dropped_waiting = True
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -131,14 +142,18 @@ class Outbox:
             self._conn = None
             raise OutboxError(f"cannot open outbox {path}: {exc}") from exc
 
-    @staticmethod
-    def _setup(conn: sqlite3.Connection) -> None:
+    def _setup(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise sqlite3.OperationalError(f"WAL mode refused (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=FULL")
-        # The running totals are recomputed at open, so edits made behind our back cannot skew them.
         conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+        # The running totals live in memory (this process owns the outbox), counted at open
+        # so that edits made behind our back cannot skew them.
+        count, size = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM entries"
+        ).fetchone()
+        self._count, self._bytes = int(count), int(size)
 
     def __enter__(self) -> Outbox:
         return self
@@ -152,14 +167,17 @@ class Outbox:
         self.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and one write transaction; commit on success, roll back otherwise."""
+    def _transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one transaction; commit on success, roll back otherwise.
+
+        A read (``write=False``) takes no write lock on the database.
+        """
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise OutboxError("the outbox is closed")
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
                     yield conn
                     conn.execute("COMMIT")
@@ -202,7 +220,7 @@ class Outbox:
             )
         return NewEntry(msg_id, kind, data)
 
-    def put_many(self, entries: Sequence[NewEntry]) -> None:
+    def put_many(self, entries: Sequence[NewEntry], marks: Mapping[str, int] | None = None) -> None:
         """Store checked messages durably in one transaction (one disk sync for all).
 
         They are stored in order, as if put one by one; ids already waiting are
@@ -210,27 +228,46 @@ class Outbox:
 
         Args:
             entries: Messages made by :meth:`check`.
+            marks: Named numbers set in the same transaction (read with :meth:`counter`).
 
         Raises:
-            OutboxError: A database error (nothing is stored).
+            OutboxError: A reserved or malformed mark name, or a database error
+                (nothing is stored).
         """
+        named = [(_check_mark(name), int(value)) for name, value in (marks or {}).items()]
+        # The lock is held over the commit and the totals' update (another put waits for both).
+        with self._lock:
+            self._put_locked(entries, named)
+
+    def _put_locked(self, entries: Sequence[NewEntry], named: list[tuple[str, int]]) -> None:
         with self._transaction() as conn:
+            totals = [self._count, self._bytes]  # applied only once the commit went through
+            conn.executemany(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                named,
+            )
             for entry in entries:
                 seen = conn.execute("SELECT 1 FROM entries WHERE msg_id = ?", (entry.msg_id,))
                 if seen.fetchone():
                     continue
-                self._make_room(conn, len(entry.payload))
+                self._make_room(conn, len(entry.payload), totals)
                 conn.execute(
                     "INSERT INTO entries (msg_id, kind, payload, created_ms) VALUES (?, ?, ?, ?)",
                     (entry.msg_id, entry.kind, entry.payload, time.time_ns() // 1_000_000),
                 )
-                _add_totals(conn, 1, len(entry.payload))
+                totals[0] += 1
+                totals[1] += len(entry.payload)
         with self._lock:
+            self._count, self._bytes = totals
             self.commits += 1
 
-    def _make_room(self, conn: sqlite3.Connection, incoming: int) -> None:
-        """Drop the oldest entries until one more of ``incoming`` bytes fits both caps."""
-        count, total = _totals(conn)
+    def _make_room(self, conn: sqlite3.Connection, incoming: int, totals: list[int]) -> None:
+        """Drop the oldest entries until one more of ``incoming`` bytes fits both caps.
+
+        ``totals`` (entries, bytes) is this transaction's running count; it is updated.
+        """
+        count, total = totals
         excess_count = count + 1 - self._max_entries
         excess_bytes = total + incoming - self._max_bytes
         if excess_count <= 0 and excess_bytes <= 0:
@@ -244,7 +281,9 @@ class Outbox:
         rows.close()
         conn.execute("DELETE FROM entries WHERE seq <= ?", (last_seq,))
         conn.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'", (dropped,))
-        _add_totals(conn, -dropped, -freed)
+        self._dropped_waiting = True
+        totals[0] -= dropped
+        totals[1] -= freed
 
     def pending(self, limit: int = 100) -> list[OutboxEntry]:
         """Return up to ``limit`` waiting entries, oldest first.
@@ -257,7 +296,7 @@ class Outbox:
         """
         if not 1 <= limit <= _MAX_PENDING_LIMIT:
             raise OutboxError(f"pending limit must be 1..{_MAX_PENDING_LIMIT}, got {limit}")
-        with self._transaction() as conn:
+        with self._transaction(write=False) as conn:
             rows = conn.execute(
                 "SELECT msg_id, kind, payload, created_ms, attempts FROM entries "
                 "ORDER BY seq LIMIT ?",
@@ -292,29 +331,58 @@ class Outbox:
         """
         ids = _unique_ids(msg_ids)
         removed, freed = 0, 0
-        with self._transaction() as conn:
-            for msg_id in ids:
-                row = conn.execute(
-                    "SELECT seq, LENGTH(payload) FROM entries WHERE msg_id = ?", (msg_id,)
-                ).fetchone()
-                if row is not None:
-                    conn.execute("DELETE FROM entries WHERE seq = ?", (row[0],))
-                    removed, freed = removed + 1, freed + row[1]
-            _add_totals(conn, -removed, -freed)
+        with self._lock:  # over the commit and the totals' update, as in put_many
+            with self._transaction() as conn:
+                for msg_id in ids:
+                    row = conn.execute(
+                        "SELECT seq, LENGTH(payload) FROM entries WHERE msg_id = ?", (msg_id,)
+                    ).fetchone()
+                    if row is not None:
+                        conn.execute("DELETE FROM entries WHERE seq = ?", (row[0],))
+                        removed, freed = removed + 1, freed + row[1]
+            self._count -= removed  # only once the commit went through
+            self._bytes -= freed
         return removed
+
+    @property
+    def has_dropped(self) -> bool:
+        """Whether :meth:`take_dropped` may return more than 0 (answered from memory)."""
+        return self._dropped_waiting
 
     def take_dropped(self) -> int:
         """Return how many entries were dropped over the caps since the last call, and reset.
 
+        Nothing dropped since the last call (the usual case) is answered without
+        touching the database.
+
         Raises:
             OutboxError: A database error.
         """
-        with self._transaction() as conn:
-            (dropped,) = conn.execute(
-                "SELECT value FROM counters WHERE name = 'dropped'"
-            ).fetchone()
-            conn.execute("UPDATE counters SET value = 0 WHERE name = 'dropped'")
+        with self._lock:
+            if not self._dropped_waiting:
+                if self._conn is None:
+                    raise OutboxError("the outbox is closed")
+                return 0
+            with self._transaction() as conn:
+                (dropped,) = conn.execute(
+                    "SELECT value FROM counters WHERE name = 'dropped'"
+                ).fetchone()
+                if dropped:
+                    conn.execute("UPDATE counters SET value = 0 WHERE name = 'dropped'")
+            self._dropped_waiting = False
         return int(dropped)
+
+    def counter(self, name: str) -> int:
+        """A number set with ``marks`` (:meth:`put_many`), or 0 if never set.
+
+        Raises:
+            OutboxError: A reserved or malformed name, or a database error.
+        """
+        with self._transaction(write=False) as conn:
+            row = conn.execute(
+                "SELECT value FROM counters WHERE name = ?", (_check_mark(name),)
+            ).fetchone()
+        return 0 if row is None else int(row[0])
 
     def __len__(self) -> int:
         """Return the number of waiting entries.
@@ -322,9 +390,10 @@ class Outbox:
         Raises:
             OutboxError: A database error or a closed outbox.
         """
-        with self._transaction() as conn:
-            count, _ = _totals(conn)
-        return count
+        with self._lock:
+            if self._conn is None:
+                raise OutboxError("the outbox is closed")
+            return self._count
 
     def close(self) -> None:
         """Close the database; later calls raise :class:`OutboxError`. Closing twice is fine."""
@@ -350,18 +419,28 @@ class OutboxWriter:
     def __init__(self, outbox: Outbox, max_batch: int = 256) -> None:
         self.outbox = outbox
         self._max_batch = max(1, max_batch)
-        self._waiting: list[tuple[NewEntry, asyncio.Future[None]]] = []
+        #: Committed since the last :meth:`take_committed`, in order; None once over the cap.
+        self._committed: list[NewEntry] | None = []
+        self._waiting: list[tuple[NewEntry, Mapping[str, int], asyncio.Future[None]]] = []
         self._committer: asyncio.Task[None] | None = None
 
-    async def put(self, msg_id: str, kind: str, payload: bytes) -> None:
+    async def put(
+        self, msg_id: str, kind: str, payload: bytes, marks: Mapping[str, int] | None = None
+    ) -> None:
         """Store a message durably, as :meth:`Outbox.put` does, without blocking the loop.
 
+        ``marks`` are set in the transaction that commits the message (see
+        :meth:`Outbox.put_many`); of two puts in one batch, the later one's win.
+
         Raises:
-            OutboxError: A bad id, kind or payload size (nothing is stored), or a database error.
+            OutboxError: A bad id, kind, payload size or mark name (nothing is
+                stored), or a database error.
         """
         entry = self.outbox.check(msg_id, kind, payload)
+        for name in marks or {}:
+            _check_mark(name)
         done = asyncio.get_running_loop().create_future()
-        self._waiting.append((entry, done))
+        self._waiting.append((entry, dict(marks or {}), done))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_waiting())
         # Shielded: a caller that gives up does not take the batch's outcome with it.
@@ -371,28 +450,41 @@ class OutboxWriter:
         while self._waiting:
             batch = self._waiting[: self._max_batch]
             del self._waiting[: self._max_batch]
+            marks: dict[str, int] = {}
+            for _, own, _ in batch:
+                marks.update(own)
             try:
-                await asyncio.to_thread(self.outbox.put_many, [entry for entry, _ in batch])
+                entries = [entry for entry, _, _ in batch]
+                await asyncio.to_thread(self.outbox.put_many, entries, marks)
             except OutboxError as exc:
-                for _, done in batch:
+                for _, _, done in batch:
                     if not done.done():
                         done.set_exception(OutboxError(str(exc)))
             else:
-                for _, done in batch:
+                if self._committed is not None:
+                    self._committed.extend(entries)
+                    if len(self._committed) > _MAX_COMMITTED:
+                        self._committed = None  # the reader goes back to the outbox itself
+                for _, _, done in batch:
                     if not done.done():
                         done.set_result(None)
 
+    def take_committed(self) -> list[NewEntry] | None:
+        """What was committed through this writer since the last call, oldest first.
 
-def _totals(conn: sqlite3.Connection) -> tuple[int, int]:
-    rows = dict(conn.execute("SELECT name, value FROM counters WHERE name IN ('count', 'bytes')"))
-    return int(rows["count"]), int(rows["bytes"])
+        The sender of a quiet outbox sends these without reading them back from
+        the database. None when more were committed than this writer keeps
+        (:data:`_MAX_COMMITTED`): the caller reads :meth:`Outbox.pending` instead.
+        """
+        found, self._committed = self._committed, []
+        return found
 
 
-def _add_totals(conn: sqlite3.Connection, entries: int, size: int) -> None:
-    conn.executemany(
-        "UPDATE counters SET value = value + ? WHERE name = ?",
-        [(entries, "count"), (size, "bytes")],
-    )
+def _check_mark(name: str) -> str:
+    _check_text("mark name", name)
+    if name in _OWN_COUNTERS:
+        raise OutboxError(f"mark name {name!r} is the outbox's own counter")
+    return name
 
 
 def _check_text(what: str, value: str) -> None:

@@ -170,7 +170,7 @@ class Reconciler:
             self._generation = generation
         for _ in range(MAX_ROUNDS):
             self._report_deaths()
-            installed = await asyncio.to_thread(self._inventory)
+            installed = await self._inventory()
             actions = [
                 a
                 for a in plan(
@@ -235,21 +235,23 @@ class Reconciler:
             log.warning("skill %s stopped: %s", subject, reason or "crashed")
             self.on_event("sandbox", kind, reason or "the control process exited", subject)
 
-    def _inventory(self) -> dict[str, Installed]:
+    async def _inventory(self) -> dict[str, Installed]:
+        # The store reuses its last scan while nothing changed (no thread hop then).
+        on_disk = self.installs.cached_inventory()
+        if on_disk is None:
+            on_disk = await asyncio.to_thread(self.installs.inventory)
         found: dict[str, Installed] = {}
-        for name in self.installs.skill_names():
-            current = self.installs.current(name)
-            running = (
-                current is not None
-                and name in self.running()
-                and self._process_versions.get(name) == current.version
-            )
-            found[name] = Installed(
-                name,
+        running = self.running()
+        for skill in on_disk:
+            current = skill.active
+            found[skill.name] = Installed(
+                skill.name,
                 current.version if current else None,
                 current.previous if current else None,
-                tuple(self.installs.versions(name)),
-                running,
+                skill.versions,
+                current is not None
+                and skill.name in running
+                and self._process_versions.get(skill.name) == current.version,
             )
         return found
 

@@ -86,6 +86,13 @@ def sim(
     ] = 0.0,
     rate: Annotated[float, typer.Option(help="Inputs per second per device.")] = 2.0,
     telemetry_window: Annotated[float, typer.Option(help="Seconds per telemetry window.")] = 2.0,
+    heartbeat: Annotated[
+        int,
+        typer.Option(
+            metavar="SECONDS",
+            help="The hub's heartbeat interval for devices (hub serve --heartbeat).",
+        ),
+    ] = 5,
     seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 0,
     connect_timeout: Annotated[
         float, typer.Option(help="Seconds for every device to connect.")
@@ -145,6 +152,7 @@ def sim(
             slow_link_ms=slow_link_ms,
             rate_hz=rate,
             telemetry_window_s=telemetry_window,
+            heartbeat_s=heartbeat,
             seed=seed,
             connect_timeout_s=connect_timeout,
             converge_timeout_s=converge_timeout,

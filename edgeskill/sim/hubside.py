@@ -154,6 +154,7 @@ def start_hubs(
     for i in range(settings.hubs):
         port = _port_pair()
         args = ["hub", "serve", "--home", str(service.home), "--grpc-bind", f"127.0.0.1:{port}"]
+        args += ["--heartbeat", str(settings.heartbeat_s)]
         if hub_mqtt:
             args += ["--mqtt", hub_mqtt]
         fleet.start(f"hub-{i}", args)

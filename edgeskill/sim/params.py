@@ -97,6 +97,7 @@ class SimSettings:
     slow_link_ms: float = 0.0
     rate_hz: float = 2.0
     telemetry_window_s: float = 2.0
+    heartbeat_s: int = 5
     seed: int = 0
     connect_timeout_s: float = 120.0
     converge_timeout_s: float = 120.0

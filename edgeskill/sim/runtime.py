@@ -155,6 +155,9 @@ class SimulatedSkillProcess:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.manifest = manifest
+        #: It answers without blocking: the agent calls it on its loop, not in a thread
+        #: (thousands of simulated devices would otherwise queue on one process's threads).
+        self.answers_inline = True
         self.models = {"classifier": "simulated"}
         self.limit_notes: tuple[str, ...] = ()
         self._spec = spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -393,13 +394,50 @@ def test_a_quiet_agent_skips_its_outbox_read_and_still_resends_what_was_not_acke
         await async_wait_until(lambda: len(transport.sent) > 0, 10, "the first report")
         # Nothing waits for an ack and nothing is left: a quiet wake reads nothing.
         await quiet_wakes_read_nothing()
-        # A new entry still leaves at once, and unacked it goes again after ack_timeout_s.
+        # A new entry still leaves at once, handed over by the writer that committed it
+        # (not read back), and unacked it goes again after ack_timeout_s, read from the outbox.
+        reads_before = len(reads)
         env = make_envelope("cam-1", telemetry=pb.Telemetry(skill="s", version="1"))
         await agent.enqueue(env)
         await async_wait_until(lambda: times_sent(env.id) == 1, 5, "the entry sent")
+        assert len(reads) == reads_before
         await async_wait_until(lambda: times_sent(env.id) == 2, 10, "the resend after the timeout")
+        assert len(reads) > reads_before
         await ack_everything_sent()
         stop.set()
         await running
 
     asyncio.run(main())
+
+
+class _Answers:
+    """A stand-in control process that notes the thread each input was answered on."""
+
+    def __init__(self, inline: bool) -> None:
+        self.answers_inline = inline
+        self.threads: list[int] = []
+
+    def process(self, item: object) -> tuple[dict[str, int], float]:
+        self.threads.append(threading.get_ident())
+        return {"label": 0}, 1.0
+
+    def drain_events(self) -> list[dict[str, object]]:
+        return []
+
+
+def test_only_a_stand_in_that_never_blocks_is_answered_on_the_loop(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    agent = _agent(config, RecordingTransport(config.state_dir / "outbox.db"), FakeLauncher())
+    source = ReplaySource(x=np.zeros((3, 8, 8), dtype=np.float32), y=None)
+    inline, piped = _Answers(inline=True), _Answers(inline=False)
+
+    async def main() -> int:
+        await agent._feed(("s", "1"), inline, source)  # type: ignore[arg-type]
+        await agent._feed(("s", "2"), piped, source)  # type: ignore[arg-type]
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert inline.threads == [loop_thread] * 3
+    assert len(piped.threads) == 3 and loop_thread not in piped.threads
+    assert agent.windows[("s", "1")].inferences == agent.windows[("s", "2")].inferences == 3
+    agent.outbox.close()

@@ -471,3 +471,34 @@ def test_default_installer_is_the_real_bundle_installer(tmp_path: Path) -> None:
         "current",
         "previous",
     ]
+
+
+def test_inventory_is_reused_until_a_change_through_the_store_or_its_age(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    store.activate("cam", "1.0.0")
+    store.unpack("cam", "2.0.0", make_bundle(tmp_path, "2.0.0"))
+    (first,) = store.inventory()
+    assert (first.name, first.versions) == ("cam", ("1.0.0", "2.0.0"))
+    assert first.active is not None and first.active.version == "1.0.0"
+    # A folder removed behind the store's back: the last scan stands until it is too old ...
+    shutil.rmtree(tmp_path / "skills" / "cam" / "2.0.0")
+    assert store.cached_inventory() == (first,)
+    assert store.inventory()[0].versions == ("1.0.0", "2.0.0")
+    # ... and a scan older than the age asked for is redone.
+    assert store.cached_inventory(max_age_s=0.0) is None
+    assert store.inventory(max_age_s=0.0)[0].versions == ("1.0.0",)
+    # Any change made through the store makes the last scan stale at once, a failed one too.
+    store.unpack("cam", "3.0.0", make_bundle(tmp_path, "3.0.0"))
+    assert store.cached_inventory() is None
+    (after,) = store.inventory()
+    assert after.versions == ("1.0.0", "3.0.0")
+    with pytest.raises(InstallError):
+        store.activate("cam", "9.9.9")
+    assert store.cached_inventory() is None
+    store.activate("cam", "3.0.0")
+    (active,) = store.inventory()
+    assert active.active is not None and (active.active.version, active.active.previous) == (
+        "3.0.0",
+        "1.0.0",
+    )

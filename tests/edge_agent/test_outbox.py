@@ -338,3 +338,69 @@ def test_every_put_the_writer_confirmed_survives_kill_from_outside(tmp_path: Pat
     with Outbox(db) as box:
         stored = set(_ids(box))
     assert set(confirmed) <= stored
+
+
+# -- marks: numbers committed with the entries they belong to ----------------------------
+
+
+def test_marks_are_committed_with_their_entries_or_not_at_all(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    with Outbox(db) as box:
+        assert box.counter("telemetry.seq") == 0
+        box.put_many([box.check("w1", "telemetry", b"1")], {"telemetry.seq": 1})
+        # A trigger of the test's own makes the next insert fail inside the transaction.
+        conn = sqlite3.connect(db)
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON entries WHEN NEW.msg_id = 'boom' "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+        conn.commit()
+        conn.close()
+        entries = [box.check("w2", "telemetry", b"2"), box.check("boom", "telemetry", b"3")]
+        with pytest.raises(OutboxError, match="refused by the test"):
+            box.put_many(entries, {"telemetry.seq": 3})
+        assert (_ids(box), box.counter("telemetry.seq")) == (["w1"], 1)
+        for reserved in ("dropped", "count", "bytes", ""):
+            with pytest.raises(OutboxError):
+                box.put_many([box.check("w4", "telemetry", b"4")], {reserved: 9})
+        assert _ids(box) == ["w1"]
+    with Outbox(db) as again:  # and they are durable
+        assert again.counter("telemetry.seq") == 1
+        with pytest.raises(OutboxError):
+            again.counter("dropped")
+
+
+def test_nothing_dropped_is_answered_without_the_database(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    with Outbox(db, max_entries=2) as box:
+        assert box.has_dropped  # not known before the first look
+        assert box.take_dropped() == 0
+        assert not box.has_dropped
+        for i in range(3):
+            box.put(f"m{i}", "k", b"p")
+        assert box.has_dropped
+    with Outbox(db, max_entries=2) as box:  # a count left from before is read at open
+        assert box.has_dropped
+        assert box.take_dropped() == 1
+        assert (box.has_dropped, box.take_dropped()) == (False, 0)
+    box.close()
+    with pytest.raises(OutboxError, match="closed"):
+        box.take_dropped()
+
+
+def test_the_writer_commits_marks_and_a_later_put_wins(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    box = Outbox(db)
+    writer = OutboxWriter(box)
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(writer.put(f"w{i}", "telemetry", b"x", {"telemetry.seq": i}) for i in range(1, 6))
+        )
+        with pytest.raises(OutboxError):
+            await writer.put("w6", "telemetry", b"x", {"count": 6})
+
+    asyncio.run(main())
+    assert box.counter("telemetry.seq") == 5
+    assert _ids(box) == [f"w{i}" for i in range(1, 6)]
+    box.close()

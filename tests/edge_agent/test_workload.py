@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge_agent.errors import AgentError
-from edge_agent.workload import ReplaySource, WindowStats
+from edge_agent.workload import ReplaySource, WindowStats, percentiles
 
 
 def test_window_counts_accuracy_and_latency_percentiles() -> None:
@@ -26,6 +28,16 @@ def test_window_counts_accuracy_and_latency_percentiles() -> None:
     w.record_error()
     again = w.to_message()
     assert (again.inferences, again.errors, again.labelled) == (102, 1, 100)
+
+
+@given(
+    st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=200),
+    st.lists(st.floats(0.0, 100.0), min_size=1, max_size=5),
+)
+def test_percentiles_agree_with_numpy(values: list[float], qs: list[float]) -> None:
+    # The window's latency percentiles are computed without numpy; numpy's default is the rule.
+    expected = np.percentile(np.asarray(values), qs)
+    assert percentiles(values, qs) == pytest.approx(list(expected), rel=1e-9, abs=1e-6)
 
 
 def test_replay_source_reads_samples_and_labels(tmp_path: Path) -> None:

@@ -210,6 +210,7 @@ def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> N
         (["--devices", "5", "--boards", "toaster=1"], "toaster"),
         (["--devices", "5", "--transport", "mqtt", "--insecure"], "--mqtt-url"),
         (["--devices", "5", "--strategy", "yolo"], "yolo"),
+        (["--devices", "5", "--heartbeat", "301"], "--heartbeat"),
     ],
 )
 def test_sim_refuses_bad_settings_with_one_line_and_creates_nothing(

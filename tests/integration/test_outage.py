@@ -7,8 +7,8 @@ of the outage, and afterwards every agent is stopped (SIGTERM flushes its last
 window into the outbox) and started once more without a source to drain.
 
 Each agent numbers its telemetry windows 1, 2, 3, ... in ``metrics["seq"]`` and
-persists the last number in ``state_dir/telemetry.seq``. If the stored seq values
-of a device are exactly 1..N, where N is that file's number, nothing was lost
+stores the last number in its outbox, in the commit of that window. If the stored
+seq values of a device are exactly 1..N, where N is that stored number, nothing was lost
 (no gap) and nothing was stored twice (no repeat) - across the outage, the
 restart, resends after lost acks and the final drain.
 """
@@ -67,8 +67,13 @@ class OwnBroker:
 
 
 def _seq_file(work: Path, device_id: str) -> int:
-    path = work / "agents" / device_id / "telemetry.seq"
-    return int(path.read_text() or 0) if path.exists() else 0
+    """The last telemetry seq the device numbered, as its outbox keeps it."""
+    conn = sqlite3.connect(work / "agents" / device_id / "outbox.db", timeout=10)
+    try:
+        row = conn.execute("SELECT value FROM counters WHERE name = 'telemetry.seq'").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        conn.close()
 
 
 def _outbox_size(work: Path, device_id: str) -> int:
