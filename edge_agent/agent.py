@@ -248,6 +248,7 @@ class Agent:
             await self.reconciler.shutdown()
             await self._flush_windows()
             await self._send_events()
+            await self._writer.settle()
             self.outbox.close()
 
     async def _supervise(self, module: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -327,10 +328,11 @@ class Agent:
             elif kind == "desired":
                 self._on_plain(env.desired)
             elif kind == "ack":
-                acked = await asyncio.to_thread(self.outbox.ack, list(env.ack.ids))
+                # Deleted with the next commit (no disk sync of its own), sent no more.
+                self._writer.ack(list(env.ack.ids))
                 for msg_id in env.ack.ids:
                     self._in_flight.pop(msg_id, None)
-                if acked:
+                if self._flush_more:  # a backlog: what the acks made room for goes now
                     self._wake_flush.set()
             elif kind == "welcome":
                 self.heartbeat_s = max(1.0, float(env.welcome.heartbeat_s or 5))
@@ -458,6 +460,7 @@ class Agent:
             self._flush_more = False
             return
         self._flush_more = True  # until this pass has sent all it read
+        await self._writer.settle()  # acknowledged entries leave the outbox before the read
         entries = await asyncio.to_thread(self.outbox.pending, _FLUSH_BATCH)
         await self._send_entries(transport, entries, now)
         self._flush_more = len(entries) >= _FLUSH_BATCH  # a full read: more may wait
@@ -468,6 +471,8 @@ class Agent:
         for entry in entries:
             sent = self._in_flight.get(entry.msg_id)
             if sent is not None and now - sent < self.config.ack_timeout_s:
+                continue
+            if self._writer.is_acked(entry.msg_id):  # acked since it was read
                 continue
             try:
                 env = decode_envelope(entry.payload)

@@ -220,7 +220,12 @@ class Outbox:
             )
         return NewEntry(msg_id, kind, data)
 
-    def put_many(self, entries: Sequence[NewEntry], marks: Mapping[str, int] | None = None) -> None:
+    def put_many(
+        self,
+        entries: Sequence[NewEntry],
+        marks: Mapping[str, int] | None = None,
+        acked: Sequence[str] = (),
+    ) -> int:
         """Store checked messages durably in one transaction (one disk sync for all).
 
         They are stored in order, as if put one by one; ids already waiting are
@@ -229,19 +234,28 @@ class Outbox:
         Args:
             entries: Messages made by :meth:`check`.
             marks: Named numbers set in the same transaction (read with :meth:`counter`).
+            acked: Ids the hub acknowledged, deleted in the same transaction (before the
+                new entries are stored, so they make room), as :meth:`ack` would.
+
+        Returns:
+            How many acknowledged entries were removed.
 
         Raises:
             OutboxError: A reserved or malformed mark name, or a database error
-                (nothing is stored).
+                (nothing is stored or removed).
         """
         named = [(_check_mark(name), int(value)) for name, value in (marks or {}).items()]
+        ids = _unique_ids(acked)
         # The lock is held over the commit and the totals' update (another put waits for both).
         with self._lock:
-            self._put_locked(entries, named)
+            return self._put_locked(entries, named, ids)
 
-    def _put_locked(self, entries: Sequence[NewEntry], named: list[tuple[str, int]]) -> None:
+    def _put_locked(
+        self, entries: Sequence[NewEntry], named: list[tuple[str, int]], acked: list[str]
+    ) -> int:
         with self._transaction() as conn:
             totals = [self._count, self._bytes]  # applied only once the commit went through
+            removed = _delete_ids(conn, acked, totals)
             conn.executemany(
                 "INSERT INTO counters (name, value) VALUES (?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -261,6 +275,7 @@ class Outbox:
         with self._lock:
             self._count, self._bytes = totals
             self.commits += 1
+        return removed
 
     def _make_room(self, conn: sqlite3.Connection, incoming: int, totals: list[int]) -> None:
         """Drop the oldest entries until one more of ``incoming`` bytes fits both caps.
@@ -329,20 +344,7 @@ class Outbox:
         Raises:
             OutboxError: A database error.
         """
-        ids = _unique_ids(msg_ids)
-        removed, freed = 0, 0
-        with self._lock:  # over the commit and the totals' update, as in put_many
-            with self._transaction() as conn:
-                for msg_id in ids:
-                    row = conn.execute(
-                        "SELECT seq, LENGTH(payload) FROM entries WHERE msg_id = ?", (msg_id,)
-                    ).fetchone()
-                    if row is not None:
-                        conn.execute("DELETE FROM entries WHERE seq = ?", (row[0],))
-                        removed, freed = removed + 1, freed + row[1]
-            self._count -= removed  # only once the commit went through
-            self._bytes -= freed
-        return removed
+        return self.put_many((), acked=msg_ids)
 
     @property
     def has_dropped(self) -> bool:
@@ -423,6 +425,11 @@ class OutboxWriter:
         self._committed: list[NewEntry] | None = []
         self._waiting: list[tuple[NewEntry, Mapping[str, int], asyncio.Future[None]]] = []
         self._committer: asyncio.Task[None] | None = None
+        #: Acknowledged ids whose deletion waits for the next commit, in order.
+        self._acked: dict[str, None] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
+        #: Acknowledged entries deleted so far.
+        self.acked_total = 0
 
     async def put(
         self, msg_id: str, kind: str, payload: bytes, marks: Mapping[str, int] | None = None
@@ -446,21 +453,62 @@ class OutboxWriter:
         # Shielded: a caller that gives up does not take the batch's outcome with it.
         await asyncio.shield(done)
 
+    def ack(self, msg_ids: Sequence[str], linger_s: float = 2.0) -> None:
+        """Delete acknowledged entries with the next commit, or within ``linger_s``.
+
+        An acknowledged entry needs no disk sync of its own: its deletion joins the
+        next message's transaction (or, when none comes in time, one of its own).
+        Until then :meth:`is_acked` says so, and a crash before that commit only
+        makes the entry go again, which the hub drops as a repeat.
+
+        Raises:
+            OutboxError: ``msg_ids`` is one string rather than a sequence of ids.
+        """
+        for msg_id in _unique_ids(msg_ids):
+            self._acked[msg_id] = None
+        busy = self._committer is not None and not self._committer.done()
+        if self._acked and not busy and self._ack_timer is None:
+            loop = asyncio.get_running_loop()
+            self._ack_timer = loop.call_later(linger_s, self._commit_soon)
+
+    def is_acked(self, msg_id: str) -> bool:
+        """Whether ``msg_id`` was acknowledged and waits for its deletion to be committed."""
+        return msg_id in self._acked
+
+    async def settle(self) -> None:
+        """Commit every acknowledgement and message waiting now (before closing the outbox)."""
+        self._commit_soon()
+        if self._committer is not None:
+            await asyncio.shield(self._committer)
+
+    def _commit_soon(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_waiting())
+
     async def _commit_waiting(self) -> None:
-        while self._waiting:
+        while self._waiting or self._acked:
+            if self._ack_timer is not None:  # this commit takes the acknowledgements along
+                self._ack_timer.cancel()
+                self._ack_timer = None
             batch = self._waiting[: self._max_batch]
             del self._waiting[: self._max_batch]
+            acked, self._acked = list(self._acked), {}
             marks: dict[str, int] = {}
             for _, own, _ in batch:
                 marks.update(own)
             try:
                 entries = [entry for entry, _, _ in batch]
-                await asyncio.to_thread(self.outbox.put_many, entries, marks)
+                removed = await asyncio.to_thread(self.outbox.put_many, entries, marks, acked)
             except OutboxError as exc:
+                # The acknowledged entries stay stored and go again: the hub drops repeats.
                 for _, _, done in batch:
                     if not done.done():
                         done.set_exception(OutboxError(str(exc)))
             else:
+                self.acked_total += removed
                 if self._committed is not None:
                     self._committed.extend(entries)
                     if len(self._committed) > _MAX_COMMITTED:
@@ -478,6 +526,21 @@ class OutboxWriter:
         """
         found, self._committed = self._committed, []
         return found
+
+
+def _delete_ids(conn: sqlite3.Connection, ids: Sequence[str], totals: list[int]) -> int:
+    """Delete the entries of ``ids`` (unknown ones are ignored); ``totals`` follows."""
+    removed = 0
+    for msg_id in ids:
+        row = conn.execute(
+            "SELECT seq, LENGTH(payload) FROM entries WHERE msg_id = ?", (msg_id,)
+        ).fetchone()
+        if row is not None:
+            conn.execute("DELETE FROM entries WHERE seq = ?", (row[0],))
+            removed += 1
+            totals[0] -= 1
+            totals[1] -= row[1]
+    return removed
 
 
 def _check_mark(name: str) -> str:

@@ -321,12 +321,20 @@ class PahoLoop:
         client: a paho client with no socket callbacks of its own.
         name: what to call the broker in error messages (a redacted URL).
         error: the exception type :meth:`connect` raises (the caller's transport error).
+        misc_interval_s: how often paho's keepalive bookkeeping runs (its own loop: each
+            second). A client with a keepalive of K seconds pings at most this much late,
+            and the broker waits 1.5 K: a device's client may look every K / 8 seconds.
     """
 
     def __init__(
-        self, client: mqtt.Client, name: str, error: type[Exception] = ConnectionError
+        self,
+        client: mqtt.Client,
+        name: str,
+        error: type[Exception] = ConnectionError,
+        misc_interval_s: float = _MISC_INTERVAL_S,
     ) -> None:
         self._client = client
+        self._misc_interval_s = misc_interval_s
         self._name = name
         self._error = error
         self._loop = asyncio.get_running_loop()
@@ -424,7 +432,7 @@ class PahoLoop:
     async def _keep_alive(self) -> None:
         # Pings, and the keepalive deadline that paho's own loop would check each second.
         while self._client.loop_misc() == mqtt.MQTT_ERR_SUCCESS:
-            await asyncio.sleep(_MISC_INTERVAL_S)
+            await asyncio.sleep(self._misc_interval_s)
 
     def _abandon(self, connecting: asyncio.Future[mqtt.MQTTErrorCode]) -> None:
         """Close the socket of a connect given up on while its thread still ran."""

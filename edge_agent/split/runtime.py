@@ -180,6 +180,8 @@ class SplitRuntime:
         self.link = link or LinkEstimator()
         self._shared = Shared(self.link, threading.Lock(), settings or SplitSettings(), clock)
         self.brokers: dict[str, SkillBroker] = {}
+        #: Set while a broker is attached: the ping loop sleeps on it otherwise.
+        self._serving = asyncio.Event()
 
     def attach(self, name: str, version: str, proc: SkillProcess) -> SkillBroker | None:
         """Serve a started skill version's split and joint models; call on the event loop.
@@ -206,17 +208,20 @@ class SplitRuntime:
             spec.small: JointRoute(name, version, spec, self._shared) for spec in manifest.joints
         }
         if not splits and not joints:
-            self.brokers.pop(name, None)
+            self.detach(name)
             proc.attach(None)
             return None
         broker = SkillBroker(self, name, version, splits, joints, asyncio.get_running_loop())
         self.brokers[name] = broker
+        self._serving.set()
         proc.attach(broker)
         return broker
 
     def detach(self, name: str) -> None:
         """Forget a stopped skill's broker."""
         self.brokers.pop(name, None)
+        if not self.brokers:
+            self._serving.clear()
 
     def learn_device(self, name: str, version: str, records: Iterable[InferRecord]) -> None:
         """Learn the device's real run times from the ``ctx.infer`` calls of finished items."""
@@ -246,6 +251,7 @@ class SplitRuntime:
         hub at once, over the same connection as the tails.
         """
         while True:
+            await self._serving.wait()  # no wake-ups at all while nothing splits
             await asyncio.sleep(self._shared.settings.ping_interval_s)
             await self.ping()
 

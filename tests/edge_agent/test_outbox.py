@@ -404,3 +404,34 @@ def test_the_writer_commits_marks_and_a_later_put_wins(tmp_path: Path) -> None:
     assert box.counter("telemetry.seq") == 5
     assert _ids(box) == [f"w{i}" for i in range(1, 6)]
     box.close()
+
+
+def test_acks_join_the_next_commit_or_go_alone_after_their_linger(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    writer = OutboxWriter(box)
+
+    async def main() -> None:
+        await asyncio.gather(*(writer.put(f"m{i}", "k", b"p") for i in range(3)))
+        commits = box.commits
+        writer.ack(["m0", "m1"], linger_s=60.0)
+        assert writer.is_acked("m0") and not writer.is_acked("m2")
+        assert len(box) == 3  # not deleted yet: no sync of their own
+        await writer.put("m3", "k", b"p")  # the deletions ride along with this commit
+        assert box.commits == commits + 1
+        assert _ids(box) == ["m2", "m3"] and not writer.is_acked("m0")
+        # With nothing else to commit, the acks go alone once their linger is over.
+        writer.ack(["m2", "unknown"], linger_s=0.05)
+        deadline = asyncio.get_running_loop().time() + 10
+        while _ids(box) != ["m3"]:
+            assert asyncio.get_running_loop().time() < deadline, "the lingering ack never went"
+            await asyncio.sleep(0.01)
+        assert box.commits == commits + 2 and writer.acked_total == 3
+        # settle() commits what waits at once.
+        writer.ack(["m3"], linger_s=60.0)
+        await writer.settle()
+        assert _ids(box) == [] and box.commits == commits + 3
+        with pytest.raises(OutboxError):
+            writer.ack("m3")  # one string is not a list of ids
+
+    asyncio.run(main())
+    box.close()

@@ -334,6 +334,39 @@ def test_pings_time_the_round_trip_and_teach_the_link_its_rtt(tmp_path: Path) ->
     assert {(r.split, len(r.inputs), r.skill) for r in hub.requests} == {("ping", 0, "probe")}
 
 
+def test_the_ping_loop_sleeps_until_a_skill_splits_and_again_after(tmp_path: Path) -> None:
+    hub = LocalTailHub(mode="slow", delay_s=0.0)
+    skill_dir, manifest = _skill(tmp_path)
+    hub.plan_path = skill_dir / "models" / "chain" / "split.json"
+    asked: list[float] = []
+
+    def transport() -> LocalTailHub:
+        asked.append(time.monotonic())
+        return hub
+
+    async def main() -> tuple[int, int, int]:
+        settings = SplitSettings(ping_interval_s=0.01)
+        runtime = SplitRuntime(transport, settings=settings, link=_fast_link())
+        loop = asyncio.create_task(runtime.ping_forever())
+        await asyncio.sleep(0.2)  # nothing splits: not one wake-up that looks
+        idle = len(asked)
+        runtime.attach("probe", "1.0.0", _Proc(skill_dir, manifest))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10
+        while len(hub.requests) < 3:
+            assert time.monotonic() < deadline, "no pings once a skill splits"
+            await asyncio.sleep(0.01)
+        runtime.detach("probe")
+        await asyncio.sleep(0.05)  # a ping already asleep may still look once
+        stopped = len(asked)
+        await asyncio.sleep(0.2)
+        loop.cancel()
+        return idle, stopped, len(asked)
+
+    idle, stopped, final = asyncio.run(main())
+    assert idle == 0
+    assert final == stopped
+
+
 def test_a_failed_ping_teaches_nothing(tmp_path: Path) -> None:
     hub = LocalTailHub(mode="drop")
     skill_dir, manifest = _skill(tmp_path)
