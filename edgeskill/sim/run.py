@@ -347,7 +347,11 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
 
     The fleet's first deployment goes all at once: there is no running version
     for a canary's gates to compare with. Later ones follow ``--strategy`` and
-    ``--plan``. All at once, the deployment has settled when every device runs
+    ``--plan``. Each device's time to active counts from its wave's opening: the
+    deployment when all at once, staged the first look that finds the hub's desired
+    state for the device changed since the deployment (the rollout admitted it;
+    both as the simulator looks, once per poll).
+    All at once, the deployment has settled when every device runs
     ``version`` or failed it; staged, when its rollout has ended and the fleet
     shows the end: every device on ``version`` (or failed it) when it completed,
     none on it and every device running again when it was rolled back or aborted.
@@ -361,12 +365,16 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started = time.monotonic()
     active: dict[str, float] = {}
+    opened: dict[str, float] = {}  # staged: when the device's wave was seen open
+    generation = {v.device_id: v.desired_generation for v in run.views}
     ended: list[tuple[str, str]] = []
     peak = {"moved": 0, "failed": 0}  # a rollback puts both back to 0
 
     def done(progress: Progress) -> bool:
         now = time.monotonic() - started
         for view in run.views:
+            if view.desired_generation > generation.get(view.device_id, 0):
+                opened.setdefault(view.device_id, now)  # the hub wants something new of it
             state = view.skill(SKILL)
             if state is not None and (state.version, state.state) == (version, "running"):
                 active.setdefault(view.device_id, now)
@@ -390,10 +398,14 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     settled = run.watch(live, f"deploying {version}", done, run.settings.converge_timeout_s)
     outcome, reason = ended[0] if ended else ("completed" if settled else "", "")
     took = time.monotonic() - started
+    if staged:  # from the wave's opening; a device never seen admitted is left out
+        waited = [t - opened[d] for d, t in active.items() if d in opened]
+    else:
+        waited = list(active.values())
     return _Deployed(
         settled,
         took,
-        sorted(active.values()),
+        sorted(waited),
         outcome,
         reason,
         peak["moved"] if staged else None,
