@@ -55,7 +55,10 @@ def test_drift_demo_runs_the_loop_to_the_canarys_verdict(tmp_path: Path) -> None
     numbers = json.loads((tmp_path / "drift-loop.json").read_text())
     events = numbers["events_s"]
     assert numbers["accuracy_shifted"] < numbers["accuracy_before"] - 0.1, numbers
-    assert 0 < events["alarm"] < events["retraining"] < events["built"] < events["canary"], numbers
+    # In order; two steps may share a tenth of a second (the times are rounded to it).
+    assert 0 < events["alarm"] <= events["retraining"] <= events["built"] <= events["canary"], (
+        numbers
+    )
     assert "built and signed digits 1.0.1" in out
     verdicts = {"promotion", "rolled_back"} & set(events)
     assert len(verdicts) == 1, numbers  # the canary's gate decided, one way or the other
