@@ -36,8 +36,9 @@ from cloud.errors import FetchRefusedError, HubError, TransportError
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.mqtt_client import HubMqttClient, Incoming
 from cloud.mqtt_fetch import FetchReply, requested_window
-from cloud.session import DropReason
+from cloud.session import DropReason, ack_envelope
 from cloud.tail_serving import TailRefusedError
+from cloud.telemetry_ingest import TelemetryIngest
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW, FetchErrorCode
@@ -60,16 +61,22 @@ _PRESENCE = {STATUS_ONLINE: True, STATUS_OFFLINE: False}
 _AT_MOST_ONCE = frozenset({"ack", "error"})
 #: Topics parsed and remembered (each device sends on a few, again and again).
 _PARSED_TOPICS = 50_000
+#: Most message ids one ack carries (an id is at most 64 characters).
+MAX_ACK_IDS = 256
 
 
 @dataclass(frozen=True)
 class MqttServerSettings:
     """Tuning and caps of the MQTT adapter."""
 
-    # Each device's messages go to one worker (order per device); the workers' concurrent
-    # telemetry is what the hub's group commit batches, so more workers, bigger batches.
+    # Each device's messages other than telemetry go to one worker (order per device).
+    # Telemetry goes to the bulk path (cloud.telemetry_ingest): its order does not
+    # matter (every window says when it was), and what arrives together is stored in
+    # one group commit and acknowledged with one ack per device.
     workers: int = 1024
     queue_per_worker: int = 256
+    #: Telemetry messages taken and not yet answered; more are dropped (``overloaded``).
+    max_telemetry: int = 20_000
     max_fetch_window: int = MAX_WINDOW
     max_fetches: int = 32
     #: Inference requests in progress at once; more are refused (``resource-exhausted``).
@@ -110,6 +117,9 @@ class MqttHubServer:
         self._fetch_slots = asyncio.Semaphore(s.max_fetches)
         self._tasks: list[asyncio.Task[None]] = []
         self._fetch_tasks: set[asyncio.Task[None]] = set()
+        self.telemetry = TelemetryIngest(core, self._send_acks, s.max_telemetry)
+        #: Message ids to acknowledge at the end of this turn of the loop, by device.
+        self._acks: dict[str, list[str]] = {}
         self._infer_tasks: set[asyncio.Task[None]] = set()
         #: The desired-state revision last published (by any hub) per device: the
         #: director's counter, or the generation when the hub runs insecure.
@@ -136,6 +146,7 @@ class MqttHubServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.telemetry.close()
         self._tasks.clear()
         await self.mqtt.stop()
 
@@ -153,6 +164,9 @@ class MqttHubServer:
             self._start_fetch(ref, msg)
         elif ref.kind == "infer":
             self._start_infer(ref, msg)
+        elif ref.kind == "telemetry":
+            if not self.telemetry.add(ref.device_id, msg.payload):
+                self.core.drop(DropReason.OVERLOADED, ref.device_id)  # the outbox sends it again
         else:
             queue = self._queues[zlib.crc32(ref.device_id.encode()) % len(self._queues)]
             try:
@@ -202,6 +216,26 @@ class MqttHubServer:
         revision = self.core.revision(env) if desired else None
         if revision is not None:
             self.published[device] = revision
+
+    def _send_acks(self, device: str, ids: list[str]) -> None:
+        """Acknowledge the device's messages ``ids`` at the end of this turn of the loop.
+
+        Every ack is a packet the broker routes and the device parses. The groups
+        one commit stored wake in the same turn, so their acks go out together:
+        one envelope per device and ``MAX_ACK_IDS`` ids.
+        """
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.setdefault(device, []).extend(ids)
+
+    def _flush_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        for device, ids in acks.items():
+            unique = list(dict.fromkeys(ids))
+            for start in range(0, len(unique), MAX_ACK_IDS):
+                env = ack_envelope(device, unique[start])
+                env.ack.ids.extend(unique[start + 1 : start + MAX_ACK_IDS])
+                self._send(device, env)
 
     # -- desired state -------------------------------------------------------------
 

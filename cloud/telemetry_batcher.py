@@ -29,10 +29,13 @@ __all__ = [
     "GroupCommit",
     "TelemetryBatcher",
     "TelemetryItem",
+    "Verdict",
 ]
 
 #: ``(msg_id, device_id, record)``, as :meth:`cloud.store.Store.add_telemetry_many` takes it.
 TelemetryItem = tuple[str, str, TelemetryRecord]
+#: What the write said of one item: stored (True), a duplicate (False), or why it was refused.
+Verdict = bool | ValidationError
 
 MAX_BATCH_ITEMS = 10_000
 ItemT = TypeVar("ItemT")
@@ -68,8 +71,10 @@ class BatcherSettings:
 
 @dataclass
 class _Waiting(Generic[ItemT]):
-    item: ItemT
-    future: asyncio.Future[bool]
+    """One submitter: its items go into the same transaction."""
+
+    items: list[ItemT]
+    future: asyncio.Future[list[Verdict]]
     since: float
 
 
@@ -78,10 +83,12 @@ class _Lane(Generic[ItemT]):
     """Everything bound to one event loop (asyncio primitives cannot change loops)."""
 
     loop: asyncio.AbstractEventLoop
-    #: Submitters waiting for their batch to commit, and set while that is under the cap.
+    #: Items waiting for their batch to commit, and set while that is under the cap.
     inflight: int = 0
     room: asyncio.Event = field(default_factory=asyncio.Event)
     queue: list[_Waiting[ItemT]] = field(default_factory=list)
+    #: Items in ``queue``.
+    queued: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     full: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -127,7 +134,7 @@ class GroupCommit(Generic[ItemT]):
     def waiting(self) -> int:
         """Items submitted and not yet taken into a batch."""
         lane = self._lane
-        return 0 if lane is None else len(lane.queue)
+        return 0 if lane is None else lane.queued
 
     async def submit_item(self, item: ItemT) -> bool:
         """Store one item with the next batch; return once that batch committed.
@@ -141,26 +148,51 @@ class GroupCommit(Generic[ItemT]):
             BatcherClosedError: The batcher is closed.
             StoreError: The batch holding the item failed; nothing of it is stored.
         """
+        (verdict,) = await self.submit_many([item])
+        if isinstance(verdict, ValidationError):
+            raise verdict
+        return verdict
+
+    async def submit_many(self, items: list[ItemT]) -> list[Verdict]:
+        """Store items in one transaction (shared with others); return once it committed.
+
+        Args:
+            items: At most ``settings.max_items``.
+
+        Returns:
+            Per item what ``write`` said of it (True stored, False a duplicate), or
+            the ValidationError that refused it alone.
+
+        Raises:
+            ValidationError: More items than a batch holds.
+            BatcherClosedError: The batcher is closed.
+            StoreError: The batch holding the items failed; nothing of it is stored.
+        """
+        if not items:
+            return []
+        if len(items) > self.settings.max_items:
+            raise ValidationError(f"more than {self.settings.max_items} {self.name} at once")
         if self._closed:
             raise BatcherClosedError(f"the {self.name} batcher is closed")
         lane = self._lane_for_running_loop()
         # A counter and an event rather than a semaphore: this runs for every message,
         # and the semaphore's bookkeeping was a visible share of the hub's ingest.
-        while lane.inflight >= self.settings.max_waiting:
+        while lane.inflight + len(items) > self.settings.max_waiting:
             lane.room.clear()
             await lane.room.wait()
         if self._closed:
             raise BatcherClosedError(f"the {self.name} batcher is closed")
-        lane.inflight += 1
+        lane.inflight += len(items)
         try:
-            future: asyncio.Future[bool] = lane.loop.create_future()
-            lane.queue.append(_Waiting(item, future, time.monotonic()))
+            future: asyncio.Future[list[Verdict]] = lane.loop.create_future()
+            lane.queue.append(_Waiting(items, future, time.monotonic()))
+            lane.queued += len(items)
             lane.ready.set()
-            if len(lane.queue) >= self.settings.max_items:
+            if lane.queued >= self.settings.max_items:
                 lane.full.set()
             return await future
         finally:
-            lane.inflight -= 1
+            lane.inflight -= len(items)
             lane.room.set()
 
     async def close(self) -> None:
@@ -198,9 +230,8 @@ class GroupCommit(Generic[ItemT]):
                     lane.ready.clear()
                     continue
                 await self._wait_for_company(lane)
-                batch = lane.queue[: self.settings.max_items]
-                del lane.queue[: self.settings.max_items]
-                if len(lane.queue) < self.settings.max_items:
+                batch = self._take(lane)
+                if lane.queued < self.settings.max_items:
                     lane.full.clear()
                 await self._flush(batch)
         finally:
@@ -209,6 +240,20 @@ class GroupCommit(Generic[ItemT]):
                 if not waiting.future.done():
                     waiting.future.set_exception(BatcherClosedError("the batcher stopped"))
             lane.queue.clear()
+            lane.queued = 0
+
+    def _take(self, lane: _Lane[ItemT]) -> list[_Waiting[ItemT]]:
+        """The oldest submitters whose items fit in one batch (at least one)."""
+        count = taken = 0
+        for waiting in lane.queue:
+            if taken and count + len(waiting.items) > self.settings.max_items:
+                break
+            count += len(waiting.items)
+            taken += 1
+        batch = lane.queue[:taken]
+        del lane.queue[:taken]
+        lane.queued -= count
+        return batch
 
     async def _wait_for_company(self, lane: _Lane[ItemT]) -> None:
         if self._closed:
@@ -222,10 +267,11 @@ class GroupCommit(Generic[ItemT]):
                     await lane.full.wait()
 
     async def _flush(self, batch: list[_Waiting[ItemT]]) -> None:
+        items = [item for waiting in batch for item in waiting.items]
         try:
-            results = await asyncio.to_thread(self._write_checked, [w.item for w in batch])
-            if len(results) != len(batch):
-                raise StoreError(f"{len(results)} results for a batch of {len(batch)}")
+            results = await asyncio.to_thread(self._write_checked, items)
+            if len(results) != len(items):
+                raise StoreError(f"{len(results)} results for a batch of {len(items)}")
         except asyncio.CancelledError:
             for waiting in batch:
                 waiting.future.cancel()
@@ -236,16 +282,15 @@ class GroupCommit(Generic[ItemT]):
                     waiting.future.set_exception(exc)
             return
         self.batches += 1
-        self.items += len(batch)
-        for waiting, stored in zip(batch, results, strict=True):
-            if waiting.future.done():  # its submitter may have been cancelled
-                continue
-            if isinstance(stored, ValidationError):
-                waiting.future.set_exception(stored)
-            else:
-                waiting.future.set_result(stored)
+        self.items += len(items)
+        at = 0
+        for waiting in batch:
+            count = len(waiting.items)
+            if not waiting.future.done():  # its submitter may have been cancelled
+                waiting.future.set_result(results[at : at + count])
+            at += count
 
-    def _write_checked(self, items: list[ItemT]) -> list[bool | ValidationError]:
+    def _write_checked(self, items: list[ItemT]) -> list[Verdict]:
         """Write ``items``; when refused as malformed, write all but the bad ones (in a thread).
 
         Returns:
@@ -255,7 +300,7 @@ class GroupCommit(Generic[ItemT]):
             return list(self._write(items))
         except ValidationError:
             pass  # rare: find the bad items, so they alone are refused
-        verdicts: list[bool | ValidationError] = []
+        verdicts: list[Verdict] = []
         good: list[ItemT] = []
         for item in items:
             try:

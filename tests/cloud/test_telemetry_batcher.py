@@ -94,6 +94,29 @@ def test_a_lone_item_is_written_after_the_linger_and_is_then_durable(
     assert asyncio.run(batcher.submit("m-1", "cam-1", window(7))) is False  # a resend
 
 
+def test_one_submitter_s_items_share_a_transaction_and_get_a_verdict_each(
+    sqlite_store: Store,
+) -> None:
+    batcher = batcher_for(sqlite_store, linger_s=0.0, max_items=8)
+    bad = replace(window(1), skill="")
+
+    async def main() -> list[object]:
+        first = await batcher.submit_many([("m-1", "cam-1", window(1))])
+        verdicts = await batcher.submit_many(
+            [("m-2", "cam-1", window(2)), ("m-1", "cam-1", window(1)), ("m-3", "cam-2", bad)]
+        )
+        with pytest.raises(ValidationError):
+            await batcher.submit_many([(f"m-{i}", "cam-3", window(i)) for i in range(9)])
+        await batcher.close()
+        return [*first, *verdicts]
+
+    stored, fresh, again, refused = asyncio.run(main())
+    assert (stored, fresh, again) == (True, True, False)  # the resend is a duplicate
+    assert isinstance(refused, ValidationError)
+    assert batcher.batches == 2 and batcher.items == 4
+    assert sorted(r.window_end_ms for r in sqlite_store.telemetry_for()) == [1, 2]
+
+
 def test_a_bad_item_is_refused_alone(sqlite_store: Store) -> None:
     batcher = batcher_for(sqlite_store, linger_s=0.05)
     bad = replace(window(1), correct=1)  # more correct than labelled
