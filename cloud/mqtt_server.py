@@ -232,10 +232,13 @@ class MqttHubServer:
         acks, self._acks = self._acks, {}
         for device, ids in acks.items():
             unique = list(dict.fromkeys(ids))
+            topic = self.topics.down(device, "ack")
             for start in range(0, len(unique), MAX_ACK_IDS):
                 env = ack_envelope(device, unique[start])
                 env.ack.ids.extend(unique[start + 1 : start + MAX_ACK_IDS])
-                self._send(device, env)
+                # At QoS 0, as every ack (see _send): a lost one costs a resend.
+                if not self.mqtt.publish(topic, encode_envelope(env), qos=0):
+                    self.core.drop(DropReason.PUBLISH_FAILED, device)
 
     # -- desired state -------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from cloud.session import DropReason
 from cloud.telemetry_batcher import TelemetryItem
 from cloud.wire import telemetry_record
 from protos import decode_envelope, pb
+from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from protos.limits import MAX_ENVELOPE_BYTES
 
@@ -106,6 +107,7 @@ class TelemetryIngest:
         known: dict[str, bool] = {}
         items: list[TelemetryItem] = []
         again: dict[str, list[str]] = {}
+        received_ms = now_ms()
         for device, payload in group:
             env = self._decoded(device, payload)
             if env is None:
@@ -119,7 +121,7 @@ class TelemetryIngest:
                 core.handled["duplicate"] += 1
                 again.setdefault(device, []).append(env.id)  # its first ack was lost
                 continue
-            items.append((env.id, device, telemetry_record(env.telemetry)))
+            items.append((env.id, device, telemetry_record(env.telemetry, received_ms)))
         for device, ids in again.items():
             self._send_acks(device, ids)
         return items

@@ -105,12 +105,13 @@ def device_profile(reg: pb.Register) -> dict[str, object]:
     }
 
 
-def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
-    """Convert a wire telemetry message to a store record.
+def telemetry_record(msg: pb.Telemetry, received_ms: int | None = None) -> TelemetryRecord:
+    """Convert a wire telemetry message to a store record, received now unless told.
 
     The store validates it (names, counters, ``correct <= labelled <= inferences``,
     metric caps); :meth:`HubCore.handle` turns its refusal into a ProtocolError.
     """
+    metrics = msg.metrics  # read by key: dict() of a protobuf map walks it much slower
     return TelemetryRecord(
         skill=msg.skill,
         version=msg.version,
@@ -124,8 +125,8 @@ def telemetry_record(msg: pb.Telemetry) -> TelemetryRecord:
         window_start_ms=msg.window_start_ms,
         window_end_ms=msg.window_end_ms,
         dropped_messages=msg.dropped_messages,
-        metrics=dict(msg.metrics),
-        received_ms=now_ms(),
+        metrics={name: metrics[name] for name in metrics},
+        received_ms=now_ms() if received_ms is None else received_ms,
     )
 
 

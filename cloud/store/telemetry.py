@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 MAX_TELEMETRY_ROWS = 100_000
+#: ``json.dumps(..., sort_keys=True)`` without making an encoder per call (one per window).
+_metrics_json = json.JSONEncoder(sort_keys=True).encode
 
 
 def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> dict[st
         "window_start_ms": record.window_start_ms,
         "window_end_ms": record.window_end_ms,
         "dropped_messages": record.dropped_messages,
-        "metrics": json.dumps({k: float(v) for k, v in record.metrics.items()}, sort_keys=True),
+        "metrics": _metrics_json({k: float(v) for k, v in record.metrics.items()}),
         "received_ms": record.received_ms,
     }
 
@@ -121,21 +123,24 @@ def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]
     The statements are written out here and handed to the driver as they are:
     the group commit inserts thousands of windows a second, and building them
     through the SQL expression layer was most of the hub's time spent storing.
-    The ids already stored are looked up first rather than the new ones returned
-    by the insert: SQLite's driver hands the interpreter lock back and forth for
-    every returned row, and the hub's event loop keeps it busy, so a ``RETURNING``
-    of hundreds of rows stretched each commit tenfold.
+    On SQLite the ids already stored are looked up first rather than the new
+    ones returned by the insert: its driver hands the interpreter lock back and
+    forth for every returned row, and the hub's event loop keeps it busy, so a
+    ``RETURNING`` of hundreds of rows stretched each commit tenfold. The lookup is
+    exact there because writers hold the database's write lock from ``BEGIN
+    IMMEDIATE``. PostgreSQL lets another hub process insert the same id between a
+    lookup and the insert, so there the insert itself says which rows it stored.
 
     Returns:
         For each row, True when it is stored by this transaction, False for a
-        duplicate. On PostgreSQL a copy that another hub process inserts between
-        the lookup and the insert counts as stored here: the insert waits for that
-        process's transaction, so the row is durable when this one commits.
+        duplicate.
     """
     fresh: dict[str, dict[str, Any]] = {}
     for row in rows:
         fresh.setdefault(row["msg_id"], row)
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    if conn.dialect.name != "sqlite":
+        return _insert_returning(conn, rows, fresh, mark)
     ids = list(fresh)
     stored_before: set[str] = set()
     for start in range(0, len(ids), _ROWS_PER_STATEMENT):
@@ -147,16 +152,34 @@ def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]
         )
         stored_before.update(conn.exec_driver_sql(sql, tuple(some)).scalars())
     values = [row for msg_id, row in fresh.items() if msg_id not in stored_before]
-    one = "(" + ", ".join([mark] * len(_COLUMNS)) + ")"
     for start in range(0, len(values), _ROWS_PER_STATEMENT):
         chunk = values[start : start + _ROWS_PER_STATEMENT]
-        sql = (
-            f"INSERT INTO {telemetry.name} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
-            + ", ".join([one] * len(chunk))
-            + " ON CONFLICT (msg_id) DO NOTHING"
-        )
-        conn.exec_driver_sql(sql, tuple(row[c] for row in chunk for c in _COLUMNS))
+        params = tuple(row[c] for row in chunk for c in _COLUMNS)
+        conn.exec_driver_sql(_insert_sql(len(chunk), mark, False), params)
     return [fresh[row["msg_id"]] is row and row["msg_id"] not in stored_before for row in rows]
+
+
+def _insert_sql(rows: int, mark: str, returning: bool) -> str:
+    one = "(" + ", ".join([mark] * len(_COLUMNS)) + ")"
+    # Only our own names and placeholders go into the text; every value is bound.
+    return (
+        f"INSERT INTO {telemetry.name} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
+        + ", ".join([one] * rows)
+        + " ON CONFLICT (msg_id) DO NOTHING"
+        + (" RETURNING msg_id" if returning else "")
+    )
+
+
+def _insert_returning(
+    conn: Connection, rows: list[dict[str, Any]], fresh: dict[str, dict[str, Any]], mark: str
+) -> list[bool]:
+    stored: set[str] = set()
+    values = list(fresh.values())
+    for start in range(0, len(values), _ROWS_PER_STATEMENT):
+        chunk = values[start : start + _ROWS_PER_STATEMENT]
+        params = tuple(row[c] for row in chunk for c in _COLUMNS)
+        stored.update(conn.exec_driver_sql(_insert_sql(len(chunk), mark, True), params).scalars())
+    return [row["msg_id"] in stored and fresh[row["msg_id"]] is row for row in rows]
 
 
 def _to_record(row: Row[Any]) -> TelemetryRecord:
