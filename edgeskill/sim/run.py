@@ -358,9 +358,10 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     """
     kwargs: dict[str, Any] = {}
     if not first:
-        kwargs["strategy"] = run.settings.strategy
         if run.settings.plan:
             kwargs["plan"] = run.settings.plan
+        if not run.settings.plan or run.settings.strategy != "all-at-once":
+            kwargs["strategy"] = run.settings.strategy  # over the plan's only when asked
     dep = run.service.deployments.create(SKILL, version, GROUP, **kwargs)
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started = time.monotonic()

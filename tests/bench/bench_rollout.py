@@ -5,11 +5,13 @@ Run: ``python tests/bench/bench_rollout.py [--devices 10000] [--procs 4]``
 
 Each run is one ``edgeskill sim`` process (real agents in worker processes,
 one real ``hub serve`` process, SQLite store): the fleet connects, 1.0.0 is
-deployed to every device, then 2.0.0, all at once, so its wave opens when the
-deployment is made. Measured on the upgrade:
+deployed to every device, then 2.0.0, all at once (its wave opens when the
+deployment is made) or by the rollout plan given with ``--plan`` (a TOML file
+as ``edgeskill deploy create --plan`` reads: canary, exponential waves, gates).
+Measured on the upgrade:
 
 * ``converge_s``: from the deployment to every device running 2.0.0;
-* ``p50_active_s`` / ``p99_active_s``: per device, from the wave opening to the
+* ``p50_active_s`` / ``p99_active_s``: per device, from its wave opening to the
   hub seeing it run 2.0.0 (the simulator looks twice a second, less often when
   reading the fleet costs more than a tenth of a second);
 * ``hub_cpu_s`` / ``hub_peak_rss_mb``: the hub process over the whole run
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,8 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
     argv += ["--heartbeat", str(args.heartbeat), "--json", str(out)]
     argv += ["--connect-timeout", str(args.timeout), "--converge-timeout", str(args.timeout)]
     argv += ["--workdir", str(work / transport)]
+    if args.plan is not None:
+        argv += ["--plan", args.plan.read_text(encoding="utf-8")]
     if transport == "mqtt":
         argv += ["--transport", "mqtt", "--mqtt-url", mqtt_url(f"es-bench/{uuid.uuid4().hex[:8]}")]
     started = time.perf_counter()
@@ -78,6 +83,7 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
     return {
         "transport": transport,
         "devices": args.devices,
+        "strategy": strategy_name(args.plan),
         "connected_in_s": _round(summary["connect_s"]),
         "converged": bool(upgrade["converged"]),
         "converge_s": _round(converge),
@@ -93,18 +99,30 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
 
 
 def merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows already written, with this run's replacing those of the same transport and size.
+    """The rows already written, with this run's replacing those of the same kind.
 
     Each fleet size is a run of its own (a 10,000-device run takes many minutes), so
-    the file keeps one row per transport and size, largest fleets last.
+    the file keeps one row per transport, size and strategy, largest fleets last.
     """
     try:
         old = json.loads(RESULTS.read_text(encoding="utf-8")).get("rows", [])
     except (OSError, ValueError, AttributeError):
         old = []
-    ours = {(r["transport"], r["devices"]) for r in rows}
-    kept = [r for r in old if (r.get("transport"), r.get("devices")) not in ours]
-    return sorted([*kept, *rows], key=lambda r: (r["devices"], r["transport"]))
+
+    def kind(row: dict[str, Any]) -> tuple[str, int, str]:
+        return (row.get("transport", ""), row.get("devices", 0), row.get("strategy", "all-at-once"))
+
+    ours = {kind(r) for r in rows}
+    kept = [r for r in old if kind(r) not in ours]
+    return sorted([*kept, *rows], key=lambda r: (r["devices"], kind(r)[2], r["transport"]))
+
+
+def strategy_name(plan: Path | None) -> str:
+    """``all-at-once``, or the plan file's strategy and name (``waves:exp.toml``)."""
+    if plan is None:
+        return "all-at-once"
+    data = tomllib.loads(plan.read_text(encoding="utf-8"))
+    return f"{data.get('strategy', 'all-at-once')}:{plan.name}"
 
 
 def _round(value: float | None) -> float | None:
@@ -113,12 +131,13 @@ def _round(value: float | None) -> float | None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One column per transport, one row per measure (narrow enough for 80 columns)."""
-    table = Table(title=f"rollout of 2.0.0 to {rows[0]['devices']} simulated devices, one hub")
+    title = f"rollout of 2.0.0 to {rows[0]['devices']} simulated devices, one hub"
+    table = Table(title=f"{title} ({rows[0]['strategy']})")
     table.add_column("measure")
     for row in rows:
         table.add_column(str(row["transport"]), justify="right")
     for key in rows[0]:
-        if key not in ("transport", "devices"):
+        if key not in ("transport", "devices", "strategy"):
             table.add_row(key, *("-" if r[key] is None else str(r[key]) for r in rows))
     console.print(table)
 
@@ -145,6 +164,7 @@ def main() -> None:
         help="keep the devices' state on this host's disk, not in RAM",
     )
     parser.add_argument("--workdir", type=Path, help="keep the runs' state and logs here")
+    parser.add_argument("--plan", type=Path, help="the upgrade's rollout plan (TOML file)")
     args = parser.parse_args()
     started = time.perf_counter()
     # The devices' state in RAM, as `edgeskill sim` keeps it by default (see ram_folder).
@@ -159,7 +179,11 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "hub": "one `hub serve` process, SQLite store, insecure (no TLS)",
         "device_state": "disk" if ram is None else f"RAM ({ram})",
-        "strategy": "all at once; the wave opens at the deployment",
+        "strategy": (
+            "all at once; the wave opens at the deployment"
+            if args.plan is None
+            else f"{args.plan.name}: {args.plan.read_text(encoding='utf-8')}"
+        ),
         "load_processes": args.procs,
         "rate_per_device": args.rate,
         "telemetry_window_s": args.telemetry_window,

@@ -138,7 +138,8 @@ def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good
         args += ["--deploy", version]
     args += ["--fail-installs", "2.0.0=0.2,6.0.0=0.01", "--errors", "5.0.0=0.2"]
     args += ["--accuracy", "1.0.0=0.9,2.0.0=0.9,3.0.0=0.85,4.0.0=0.9,5.0.0=0.9,6.0.0=0.9"]
-    args += ["--latency-ms", "4.0.0=20", "--rate", "10", "--strategy", "canary"]
+    # The plan alone names the strategy (canary): no --strategy beside it.
+    args += ["--latency-ms", "4.0.0=20", "--rate", "10"]
     args += ["--plan", GATED_PLAN, "--json", str(out)]
     result = _sim(tmp_path, *args, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
