@@ -126,6 +126,10 @@ class VersionSummary:
     outcome_reason: str = ""
     #: Devices a staged rollout admitted (moved, or tried to); None all at once.
     moved: int | None = None
+    #: CPU seconds from the deployment until it settled: the hub processes', and the
+    #: simulator's worker processes' (the agents', sharing the same cores).
+    hub_cpu_s: float | None = None
+    agents_cpu_s: float | None = None
 
 
 @dataclass

@@ -101,6 +101,7 @@ class _Run:
     workers: Fleet
     status_files: list[Path]
     console: Console
+    hubs: Fleet | None = None
     started_at: float = field(default_factory=time.monotonic)
     last_inferences: tuple[float, int] = (0.0, 0)
     views: list[DeviceView] = field(default_factory=list)
@@ -111,6 +112,15 @@ class _Run:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                 found.append(json.loads(path.read_text(encoding="utf-8")))
         return found
+
+    def cpu_s(self) -> tuple[float, float]:
+        """CPU seconds so far of the hub processes and of the worker processes."""
+
+        def total(fleet: Fleet | None) -> float:
+            procs = fleet.procs.values() if fleet is not None else ()
+            return sum(u.cpu_s for p in procs if (u := usage(p.pid)) is not None)
+
+        return total(self.hubs), total(self.workers)
 
     def check_workers(self) -> None:
         for name, proc in self.workers.procs.items():
@@ -169,6 +179,8 @@ class _Deployed:
     reason: str = ""
     moved: int | None = None
     failed_seen: int = 0
+    hub_cpu_s: float | None = None
+    agents_cpu_s: float | None = None
 
 
 def run_sim(settings: SimSettings, console: Console) -> int:
@@ -241,7 +253,7 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
     try:
         endpoints = start_hubs(settings, service, hubs, broker, work)
         files = _start_workers(settings, plans, endpoints, work, source, claim, workers)
-        run = _Run(settings, service, workers, files, console)
+        run = _Run(settings, service, workers, files, console, hubs)
         with Live(console=console, refresh_per_second=4) as live:
             connect_s = _connect(run, live)
             if connect_s is not None:
@@ -365,6 +377,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     dep = run.service.deployments.create(SKILL, version, GROUP, **kwargs)
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started = time.monotonic()
+    cpu_before = run.cpu_s()
     active: dict[str, float] = {}
     opened: dict[str, float] = {}  # staged: when the device's wave was seen open
     generation = {v.device_id: v.desired_generation for v in run.views}
@@ -397,6 +410,8 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         return count.running == 0 and all(_running(v) for v in run.views)
 
     settled = run.watch(live, f"deploying {version}", done, run.settings.converge_timeout_s)
+    hub_after, agents_after = run.cpu_s()
+    hub_cpu, agents_cpu = hub_after - cpu_before[0], agents_after - cpu_before[1]
     outcome, reason = ended[0] if ended else ("completed" if settled else "", "")
     took = time.monotonic() - started
     if staged:  # from the wave's opening; a device never seen admitted is left out
@@ -411,6 +426,8 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         reason,
         peak["moved"] if staged else None,
         peak["failed"],
+        hub_cpu,
+        agents_cpu,
     )
 
 
@@ -457,6 +474,8 @@ def _summary(
                 outcome=d.outcome if d else "",
                 outcome_reason=d.reason if d else "",
                 moved=d.moved if d else None,
+                hub_cpu_s=d.hub_cpu_s if d else None,
+                agents_cpu_s=d.agents_cpu_s if d else None,
             )
         )
     enrol = [t for s in statuses for t in s.get("enrol_s", [])]
