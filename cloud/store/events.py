@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, insert, select
+from sqlalchemy import Connection, Row, delete, func, insert, select
 
 from cloud.errors import ValidationError
 from cloud.store import checks as check
@@ -39,6 +39,7 @@ __all__ = [
     "EventTables",
     "NewEvent",
     "insert_events",
+    "insert_timed_events",
     "skill_transitions",
 ]
 
@@ -114,6 +115,34 @@ def insert_events(
     if any(i % prune_every == 0 for i in ids):
         prune(conn, newest_id=max(ids), now_ms=at_ms, keep=keep, max_age_ms=max_age_ms)
     return ids
+
+
+def insert_timed_events(
+    conn: Connection,
+    timed: Sequence[tuple[NewEvent, int]],
+    *,
+    keep: int = KEEP_EVENTS,
+    max_age_ms: int = MAX_EVENT_AGE_MS,
+    prune_every: int = PRUNE_EVERY,
+) -> None:
+    """Write ``(event, at_ms)`` pairs in one statement inside the caller's transaction.
+
+    :func:`insert_events` for many events of different times (a batch of device
+    reports) that need no ids back. Pruning runs when the new ids pass a multiple of
+    ``prune_every``, judged from the newest id after the insert.
+
+    Raises:
+        ValidationError: A malformed kind or device id; nothing is written.
+        StoreError: (from the caller's transaction) the database failed.
+    """
+    rows = [_row(event, at_ms) for event, at_ms in timed]
+    if not rows:
+        return
+    conn.execute(insert(hub_events), rows)
+    newest = int(conn.execute(select(func.max(hub_events.c.id))).scalar_one() or 0)
+    if newest // prune_every != (newest - len(rows)) // prune_every:
+        now = max(at_ms for _, at_ms in timed)
+        prune(conn, newest_id=newest, now_ms=now, keep=keep, max_age_ms=max_age_ms)
 
 
 def prune(conn: Connection, *, newest_id: int, now_ms: int, keep: int, max_age_ms: int) -> int:

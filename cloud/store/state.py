@@ -15,7 +15,7 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import decode_skills, selector_clause
 from cloud.store.devices import device_record
-from cloud.store.events import insert_events, skill_transitions
+from cloud.store.events import NewEvent, insert_events, insert_timed_events, skill_transitions
 from cloud.store.records import (
     DesiredRecord,
     DeviceStateRecord,
@@ -138,14 +138,8 @@ class StateTables(StoreBase):
             StoreError: The database failed; nothing is written.
         """
         checked = [(item, _checked_report(*item)) for item in items]
-        results = []
         with self._tx(write=True) as conn:
-            for (device_id, generation, skills, made_ms), encoded in checked:
-                applied = _apply_report(
-                    self._dialect, conn, device_id, generation, skills, encoded, made_ms
-                )
-                results.append(bool(applied))
-        return results
+            return _apply_reports(self._dialect, conn, checked)
 
     def reported_for(self, device_id: str) -> ReportedRecord | None:
         """Return a device's latest report, or None if it never reported.
@@ -269,6 +263,9 @@ def _report_record(row: Row[Any]) -> ReportedRecord:
     return ReportedRecord(row.device_id, row.generation, skills, row.reported_ms)
 
 
+#: Device ids per query when reading many devices' reports.
+_IDS_PER_QUERY = 500
+
 #: A report as :meth:`StateTables.save_reports_many` takes it:
 #: ``(device_id, generation, skills, made_ms)``.
 ReportItem = tuple[str, int, Sequence[SkillStatusRecord], int]
@@ -282,6 +279,62 @@ def _checked_report(
     check.counter(generation, "generation")
     check.counter(now_ms, "now_ms")
     return json.dumps([asdict(s) for s in check.statuses(skills)], sort_keys=True)
+
+
+def _apply_reports(
+    dialect: Any, conn: Connection, checked: Sequence[tuple[ReportItem, str]]
+) -> list[bool]:
+    """Store checked reports of many devices in ``conn``'s transaction, in a few statements.
+
+    The rule is :func:`_apply_report`'s, judged here on the rows read (and, on
+    PostgreSQL, locked in device order) at the start: the devices' rows stay locked
+    to the end, so no other writer changes a report in between.
+    """
+    ids = sorted({item[0] for item, _ in checked})
+    stored: dict[str, tuple[int, int, str] | None] = {}
+    r = reported_states.c
+    joined = devices.outerjoin(reported_states, r.device_id == devices.c.device_id)
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        query = (
+            select(devices.c.device_id, r.generation, r.reported_ms, r.skills)
+            .select_from(joined)
+            .where(devices.c.device_id.in_(ids[start : start + _IDS_PER_QUERY]))
+            .order_by(devices.c.device_id)
+            .with_for_update(of=devices)
+        )
+        for row in conn.execute(query):
+            has = row.generation is not None
+            stored[row.device_id] = (row.generation, row.reported_ms, row.skills) if has else None
+    results: list[bool] = []
+    latest: dict[str, dict[str, Any]] = {}
+    events: list[tuple[NewEvent, int]] = []
+    for (device_id, generation, skills, made_ms), encoded in checked:
+        if device_id not in stored:
+            results.append(False)  # not registered
+            continue
+        before = stored[device_id]
+        if before is not None and (before[0], before[1]) > (generation, made_ms):
+            results.append(False)  # late: answers an older generation, or was made earlier
+            continue
+        changes = skill_transitions(device_id, _previous(device_id, before and before[2]), skills)
+        events += [(change, made_ms) for change in changes]
+        stored[device_id] = (generation, made_ms, encoded)
+        latest[device_id] = {
+            "device_id": device_id,
+            "generation": generation,
+            "skills": encoded,
+            "reported_ms": made_ms,
+        }
+        results.append(True)
+    if latest:
+        upsert = dialect.insert(reported_states)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["device_id"],
+            set_={c: upsert.excluded[c] for c in ("generation", "skills", "reported_ms")},
+        )
+        conn.execute(upsert, list(latest.values()))
+    insert_timed_events(conn, events)
+    return results
 
 
 def _apply_report(

@@ -359,6 +359,17 @@ def test_many_reports_go_in_one_batch_in_order_and_late_or_unknown_ones_change_n
     assert results == [True, True, False, True, False]
     assert store.reported_for("cam-1").skills == tuple(running)  # type: ignore[union-attr]
     assert store.reported_for("cam-2").generation == 2  # type: ignore[union-attr]
+    # Each transition logged once, at its report's time, the late one logging nothing.
+    logged = [(e.device_id, e.at_ms) for e in store.events(kind="skill")]
+    assert logged == [("cam-1", 50), ("cam-1", 60), ("cam-2", 40)]
+    # A later batch diffs against what the earlier one stored, and a report of an older
+    # generation than the stored one changes nothing.
+    assert store.save_reports_many([("cam-2", 2, installing, 80), ("cam-1", 2, [], 90)]) == [
+        True,
+        False,
+    ]
+    assert [(e.device_id, e.at_ms) for e in store.events(kind="skill")][3:] == [("cam-2", 80)]
+    assert store.reported_for("cam-1").skills == tuple(running)  # type: ignore[union-attr]
     bad = ("cam-2", 9, [SkillStatusRecord("face", "1", "ok", "e" * 5000)], 70)
     with pytest.raises(ValidationError):
         store.check_report(bad)
