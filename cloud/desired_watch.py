@@ -1,6 +1,10 @@
 """The hub process's one desired-state change notifier, shared by both transport servers.
 
-One poll of ``desired_generations`` per interval covers the whole fleet.
+One poll of ``desired_generations`` per interval covers the whole fleet. Given
+a fingerprint (a few counts and sums, :meth:`StateTables.desired_fingerprint`),
+the notifier asks it first and reads the fleet only when it moved, or when
+``full_every_s`` passed since the last full read (changes that cancel out in the
+fingerprint, and a director's instructions due for renewal, wait at most that).
 Polling the store, rather than passing events inside one process, keeps hub
 processes stateless: a deployment made through any hub process or the CLI
 reaches every device, whichever process holds its connection.
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 
 from cloud.errors import StoreError
@@ -24,6 +30,7 @@ __all__ = ["DesiredNotifier"]
 log = logging.getLogger(__name__)
 
 Poll = Callable[[], Mapping[str, int]]
+Fingerprint = Callable[[], object]
 
 
 class DesiredNotifier:
@@ -33,11 +40,25 @@ class DesiredNotifier:
         poll: returns every registered device's desired generation (one store
             query; called in a worker thread).
         interval_s: time between polls.
+        fingerprint: a cheap value that changes when ``poll``'s answer may have
+            (called in a worker thread); None to read the fleet every poll.
+        full_every_s: with a fingerprint, the longest time between full reads.
     """
 
-    def __init__(self, poll: Poll, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        poll: Poll,
+        interval_s: float = 0.5,
+        *,
+        fingerprint: Fingerprint | None = None,
+        full_every_s: float = 5.0,
+    ) -> None:
         self._poll = poll
         self.interval_s = interval_s
+        self._fingerprint = fingerprint
+        self.full_every_s = full_every_s
+        self._last_print: object = None
+        self._last_full = -math.inf
         self._events: dict[str, set[asyncio.Event]] = {}
         self._seen: dict[str, int] = {}
         # Subscribed since the last poll: woken once after it, so that a change between
@@ -49,6 +70,8 @@ class DesiredNotifier:
         #: Successful polls so far; failed polls are counted in ``failures``.
         self.polls = 0
         self.failures = 0
+        #: Of the successful polls, those that read the whole fleet.
+        self.full_reads = 0
 
     def subscribe(self, device_id: str) -> asyncio.Event:
         """An event set after the next poll, and whenever ``device_id``'s generation changes."""
@@ -91,6 +114,15 @@ class DesiredNotifier:
         """
         fresh, self._fresh = self._fresh, set()
         try:
+            # Read before the fleet: a change between the two is then in the fleet read,
+            # or moves the next fingerprint.
+            mark = await asyncio.to_thread(self._fingerprint) if self._fingerprint else None
+            due = time.monotonic() - self._last_full >= self.full_every_s
+            if mark is not None and mark == self._last_print and not due:
+                self._wake_fresh(fresh)
+                self.polls += 1
+                return True
+            started = time.monotonic()
             generations = dict(await asyncio.to_thread(self._poll))
         except StoreError as exc:
             self.failures += 1
@@ -104,7 +136,15 @@ class DesiredNotifier:
                     event.set()
         self._seen = generations
         self.latest = generations
+        self._last_print, self._last_full = mark, started
         self.polls += 1
+        self.full_reads += 1
         for ready in self._snapshot_events:
             ready.set()
         return True
+
+    def _wake_fresh(self, fresh: set[str]) -> None:
+        """Wake the subscribers new since the last poll (nothing changed for anyone)."""
+        for device_id in fresh:
+            for event in self._events.get(device_id, ()):
+                event.set()

@@ -168,7 +168,9 @@ class HubCore:
             else functools.partial(director.revisions, store)
         )
         # The poll's values are revisions: director counters (generations when insecure).
-        self.notifier = DesiredNotifier(poll, limits.desired_poll_s)
+        self.notifier = DesiredNotifier(
+            poll, limits.desired_poll_s, fingerprint=store.desired_fingerprint
+        )
         self._seen: Lru[tuple[str, str]] = Lru(limits.seen_ids)
         self._known: set[str] = set()
         self._unknown: Lru[str] = Lru(10_000)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cloud.desired_watch import DesiredNotifier
 from cloud.errors import StoreError
 from cloud.store import Store, open_store
+from cloud.store.records import InstructionRecord
 from protos.envelope import now_ms
 
 
@@ -96,3 +97,63 @@ def test_a_failed_poll_is_counted_and_wakes_the_fresh_subscriber_later(tmp_path:
         return before, cam.is_set()
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_with_a_fingerprint_the_fleet_is_read_only_when_it_moved_or_is_due(
+    tmp_path: Path,
+) -> None:
+    store = fleet(tmp_path)
+    reads: list[int] = []
+
+    def poll() -> Mapping[str, int]:
+        reads.append(1)
+        return store.desired_generations()
+
+    async def scenario() -> list[tuple[int, bool]]:
+        notifier = DesiredNotifier(poll, fingerprint=store.desired_fingerprint, full_every_s=60)
+        cam = notifier.subscribe("cam-1")
+        seen = []
+
+        async def step(change: Callable[[], object] | None = None) -> None:
+            if change is not None:
+                await asyncio.to_thread(change)
+            assert await notifier.poll_once()
+            seen.append((len(reads), cam.is_set()))
+            cam.clear()
+
+        await step()  # the first poll reads the fleet and wakes the new subscriber
+        await step()  # nothing moved: no read, nobody woken
+        late = notifier.subscribe("gw-1")
+        await step()  # still no read, but a subscriber new since the last poll is woken once
+        assert late.is_set()
+        await step(lambda: store.create_deployment("s", "1.0.0", "cams", now_ms=1))  # a change
+        await step(lambda: store.register_device("cam-2", {"kind": "camera"}, {}, now_ms=1))
+        notifier.full_every_s = 0.0
+        await step()  # due: read even though nothing moved
+        assert notifier.latest["cam-2"] == 1 and notifier.full_reads == len(reads)
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        (1, True),
+        (1, False),
+        (1, False),
+        (2, True),
+        (3, False),
+        (4, False),
+    ]
+
+
+def test_the_fingerprint_moves_with_devices_desired_states_and_instructions(
+    tmp_path: Path,
+) -> None:
+    store = fleet(tmp_path)
+    prints = [store.desired_fingerprint()]
+    store.create_deployment("s", "1.0.0", "cams", now_ms=1)
+    prints.append(store.desired_fingerprint())
+    store.register_device("cam-2", {"kind": "camera"}, {}, now_ms=1)
+    prints.append(store.desired_fingerprint())
+    signed = InstructionRecord("cam-1", 1, 1, 10_000, 1, "b" * 64, b"signed")
+    assert store.save_instruction(signed, previous=0)  # a director signed an instruction
+    prints.append(store.desired_fingerprint())
+    assert len(set(prints)) == 4
+    assert store.desired_fingerprint() == prints[-1]  # and stays while nothing changes
