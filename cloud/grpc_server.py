@@ -4,7 +4,11 @@ Requests reach the servicer undecoded, so the session decodes them with the
 same checks and drop reasons as the MQTT server; replies are encoded here. A
 ``Connect`` stream is one :class:`~cloud.session.DeviceSession`: register
 first, then any message, with desired-state changes pushed from the core's
-shared notifier.
+shared notifier. Telemetry in the name of the stream's device goes to the bulk
+path (:mod:`cloud.telemetry_ingest`), shared by all streams: stored in a group
+commit with what other streams sent in the same turn, and acknowledged with one
+ack per stream and group; everything else, and telemetry the session refuses,
+goes through the session one message at a time.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 import grpc.aio
@@ -31,7 +36,9 @@ from cloud.grpc_tls import RevocationList, ServerTls, peer_common_name, peer_ser
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.session import DeviceSession, DropReason
 from cloud.tail_serving import TailRefusedError
-from protos import pb
+from cloud.telemetry_ingest import IngestStream, TelemetryIngest, ack_envelopes
+from protos import decode_envelope, pb
+from protos.errors import ProtocolError
 from protos.fetch import GRPC_STATUS_NAMES
 from protos.limits import MAX_ENVELOPE_BYTES
 from protos.topics import INFER_ERROR_CODES
@@ -40,6 +47,7 @@ __all__ = [
     "HubServicer",
     "RevocationList",
     "ServerTls",
+    "hub_handler",
     "peer_common_name",
     "server_options",
     "start_grpc_server",
@@ -53,6 +61,10 @@ _REGISTER_TIMEOUT_S = 10.0
 _MAX_RECEIVE_BYTES = 1024 * 1024
 _SERVICE = pb.DESCRIPTOR.services_by_name["Hub"].full_name
 _DONE = object()
+#: Telemetry messages of all streams taken and not yet answered; streams wait beyond it.
+MAX_TELEMETRY = 20_000
+#: Telemetry messages of one stream taken and not yet answered; it waits beyond it.
+MAX_STREAM_TELEMETRY = 256
 
 
 class HubServicer:
@@ -70,11 +82,15 @@ class HubServicer:
         bind_identity: bool = False,
         enroller: Enroller | None = None,
         revocations: RevocationList | None = None,
+        max_telemetry: int = MAX_TELEMETRY,
+        max_stream_telemetry: int = MAX_STREAM_TELEMETRY,
     ) -> None:
         self.core = core
         self.bind_identity = bind_identity
         self.enroller = enroller
         self.revocations = revocations
+        self.telemetry = TelemetryIngest(core, None, max_telemetry)
+        self.max_stream_telemetry = max_stream_telemetry
 
     async def _identity(self, context: grpc.aio.ServicerContext) -> str | None:
         """The certificate's device (None without mTLS); aborts the call when there is none.
@@ -126,8 +142,9 @@ class HubServicer:
         outbox: asyncio.Queue[object] = asyncio.Queue()
         for env in replies:
             outbox.put_nowait(env)
+        stream = IngestStream(partial(_queue_acks, outbox), self.max_stream_telemetry)
         tasks = [
-            asyncio.create_task(self._read(session, request_iterator, outbox)),
+            asyncio.create_task(self._read(session, stream, request_iterator, outbox)),
             asyncio.create_task(self._push_desired(session, outbox)),
         ]
         try:
@@ -141,11 +158,20 @@ class HubServicer:
             await session.close()
 
     async def _read(
-        self, session: DeviceSession, requests: AsyncIterator[bytes], outbox: asyncio.Queue[object]
+        self,
+        session: DeviceSession,
+        stream: IngestStream,
+        requests: AsyncIterator[bytes],
+        outbox: asyncio.Queue[object],
     ) -> None:
         try:
             async for payload in requests:
                 try:
+                    env = _own_telemetry(session, payload)
+                    if env is not None:
+                        if not self.telemetry.offer(stream, env.device_id, env):
+                            await self.telemetry.put(stream, env.device_id, env)  # pushes back
+                        continue
                     replies = await session.receive(payload)
                 except Exception:  # one bad message must not end the device's stream
                     session.drop(DropReason.INTERNAL_ERROR)
@@ -255,7 +281,27 @@ class HubServicer:
         )
 
 
-def _handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
+def _own_telemetry(session: DeviceSession, payload: bytes) -> pb.Envelope | None:
+    """The payload's envelope if it is telemetry of the session's device, else None.
+
+    None leaves the payload to :meth:`DeviceSession.receive`, which decodes it with
+    the same checks and counts what it refuses (oversized, malformed, spoofed).
+    """
+    try:
+        env = decode_envelope(payload)
+    except ProtocolError:
+        return None
+    if env.WhichOneof("body") != "telemetry" or env.device_id != session.device_id:
+        return None
+    return env
+
+
+def _queue_acks(outbox: asyncio.Queue[object], device: str, ids: list[str]) -> None:
+    for env in ack_envelopes(device, ids):
+        outbox.put_nowait(env)
+
+
+def hub_handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
     """The ``Hub`` service with undecoded requests for ``Connect`` and ``Fetch``."""
     return grpc.method_handlers_generic_handler(
         _SERVICE,
@@ -332,7 +378,7 @@ async def start_grpc_server(
         core, bind_identity=tls is not None, enroller=enroller, revocations=revocations
     )
     server = grpc.aio.server(options=server_options())
-    server.add_generic_rpc_handlers((_handler(servicer),))
+    server.add_generic_rpc_handlers((hub_handler(servicer),))
     if tls is None:
         port = _add_port(server, bind, None)
     else:
