@@ -287,6 +287,8 @@ def _own_telemetry(session: DeviceSession, payload: bytes) -> pb.Envelope | None
     None leaves the payload to :meth:`DeviceSession.receive`, which decodes it with
     the same checks and counts what it refuses (oversized, malformed, spoofed).
     """
+    if len(payload) > MAX_ENVELOPE_BYTES:
+        return None
     try:
         env = decode_envelope(payload)
     except ProtocolError:

@@ -23,6 +23,7 @@ from cloud.hubcore import HubCore, running
 from cloud.store import Store
 from cloud.store.records import TelemetryRecord
 from protos import encode_envelope, kind_of, make_envelope, pb
+from protos.limits import MAX_ENVELOPE_BYTES
 from skills.trust import TrustRepository
 from tests.cloud.test_grpc_server import GrpcDevice, next_of, oversized, telemetry
 from tests.support import async_wait_until
@@ -166,6 +167,12 @@ def test_duplicates_are_acked_again_and_not_stored_twice(core: HubCore, gated: G
     assert stored_counters(gated.store, "cam-1") == [0, 1, 2]
 
 
+def own_oversized() -> bytes:
+    env = telemetry("cam-1")
+    env.telemetry.version = "1" * MAX_ENVELOPE_BYTES  # one field past the cap
+    return env.SerializeToString()
+
+
 def test_refused_messages_in_a_burst_are_counted_and_the_rest_stored(
     core: HubCore, gated: GatedStore
 ) -> None:
@@ -174,6 +181,7 @@ def test_refused_messages_in_a_burst_are_counted_and_the_rest_stored(
     refused = [
         encode_envelope(telemetry("cam-2")),  # spoofed: the stream is cam-1's
         oversized(),
+        own_oversized(),  # in the stream's own name: still checked for size first
         b"\x08\x96\x01 not protobuf",
         encode_envelope(telemetry("cam-1", labelled=9)),  # more labelled than inferences
     ]
@@ -184,8 +192,8 @@ def test_refused_messages_in_a_burst_are_counted_and_the_rest_stored(
                 await dev.send(payload, "telemetry")
             _, acked = await acks_until(dev, {env.id for env in good})
             assert acked == {env.id for env in good}
-            await async_wait_until(lambda: sum(core.dropped.values()) == 4, TIMEOUT_S, "drops")
-        assert core.dropped == {"spoofed": 1, "oversized": 1, "malformed": 1, "invalid": 1}
+            await async_wait_until(lambda: sum(core.dropped.values()) == 5, TIMEOUT_S, "drops")
+        assert core.dropped == {"spoofed": 1, "oversized": 2, "malformed": 1, "invalid": 1}
 
     asyncio.run(main())
     assert stored_counters(gated.store, "cam-1") == list(range(5))
