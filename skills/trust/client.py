@@ -4,8 +4,12 @@ The client does no networking itself. It is given a plain fetch function that
 goes over the agent's hub connection; :class:`_HubFetcher` adapts it to
 ngclient's ``FetcherInterface`` under the ``edgeskill:///`` URL scheme.
 
-``Updater`` is synchronous and refreshes once per instance, so each
-:meth:`TrustClient.fetch_target` builds a new one; call it from a worker thread.
+``Updater`` is synchronous and refreshes once per instance. The client keeps
+the updater of its last refresh, and with it the verified metadata
+(:mod:`skills.trust._warm`): a refresh that finds the root, the hub's timestamp
+and the files on disk unchanged, and nothing expired, reuses it instead of
+parsing and verifying every local file again; any other refresh builds a new
+updater. Call it from a worker thread.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tuf.api import exceptions as tuf_errors
@@ -22,6 +27,7 @@ from tuf.ngclient import FetcherInterface, Updater, UpdaterConfig
 from skills.errors import FetchError, SkillError, TrustError
 from skills.trust._files import stage_copy
 from skills.trust._names import check_target_name
+from skills.trust._warm import Verified, VerifiedLoads, disk_mark
 
 __all__ = ["FetchFn", "TrustClient", "TrustLimits"]
 
@@ -31,10 +37,12 @@ FetchFn = Callable[[str, int], bytes]
 :class:`~skills.errors.FetchError` on any other failure."""
 
 _SCHEME = "edgeskill:///"
+_TIMESTAMP = "metadata/timestamp.json"
 _FOREIGN_ROOT_HINT = (
     "the hub's TUF metadata is not signed by the keys in the trusted root "
     "(is the trusted root this hub's root.json?)"
 )
+_NOT_FOUND = 404
 _KIB = 1024
 _MIB = 1024 * 1024
 
@@ -78,6 +86,32 @@ class _HubFetcher(FetcherInterface):
         # Lowered to the signed length before a target download, so a hostile
         # hub cannot make us hold more than the metadata promised.
         self.target_cap = limits.max_target_bytes
+        # The hub's answers already fetched in this refresh (None: it has no such
+        # file), each handed to ngclient once instead of asked for again.
+        self.answered: dict[str, bytes | None] = {}
+        self.last_timestamp: bytes | None = None
+
+    def start_call(self) -> None:
+        """Forget the previous call's target cap and answers."""
+        self.target_cap = self._limits.max_target_bytes
+        self.answered.clear()
+        self.last_timestamp = None
+
+    def get(self, path: str) -> bytes | None:
+        """Fetch ``path`` and remember the answer; None when the hub has no such file.
+
+        Raises:
+            DownloadError: Any other failure, as ngclient would see it.
+        """
+        try:
+            data = self.download_bytes(f"{_SCHEME}{path}", self._cap(path))
+        except tuf_errors.DownloadHTTPError as exc:
+            if exc.status_code != _NOT_FOUND:
+                raise
+            self.answered[path] = None
+            return None
+        self.answered[path] = data
+        return data
 
     def _cap(self, path: str) -> int:
         if path.startswith("targets/"):
@@ -97,15 +131,22 @@ class _HubFetcher(FetcherInterface):
             raise tuf_errors.DownloadError(f"unexpected URL {url!r}")
         path = url.removeprefix(_SCHEME)
         cap = self._cap(path)
-        try:
-            data = self._fetch_fn(path, cap)
-        except FileNotFoundError as exc:
+        if path in self.answered:
+            data = self.answered.pop(path)
+        else:
+            try:
+                data = self._fetch_fn(path, cap)
+            except FileNotFoundError:
+                data = None
+        if data is None:
             # ngclient ends the root-rotation walk on a 403/404.
-            raise tuf_errors.DownloadHTTPError(f"hub has no {path}", 404) from exc
+            raise tuf_errors.DownloadHTTPError(f"hub has no {path}", _NOT_FOUND)
         if len(data) > cap:
             raise tuf_errors.DownloadLengthMismatchError(
                 f"hub sent {len(data)} bytes for {path}, over the cap of {cap}"
             )
+        if path == _TIMESTAMP:
+            self.last_timestamp = data
         return iter((data,))
 
 
@@ -142,9 +183,10 @@ class TrustClient:
         self._metadata_dir = Path(state_dir) / "metadata"
         self._targets_dir = Path(state_dir) / "targets"
         self._verified_dir = Path(state_dir) / "verified"
-        self._fetch = fetch
+        self._fetcher = _HubFetcher(fetch, self._limits)
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
+        self._verified: Verified | None = None
         if trusted_root is not None and len(trusted_root) > self._limits.max_root_bytes:
             raise TrustError(f"trusted root is over the cap of {self._limits.max_root_bytes} bytes")
         if trusted_root is None and not self._root_path.exists():
@@ -181,9 +223,8 @@ class TrustClient:
         """
         check_target_name(name)
         with self._lock:
-            fetcher = _HubFetcher(self._fetch, self._limits)
             try:
-                return self._fetch_verified(name, fetcher)
+                return self._fetch_verified(name)
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate(name, exc, first_contact=self._first_contact()) from exc
 
@@ -200,9 +241,8 @@ class TrustClient:
             OSError: The local state folder cannot be read or written.
         """
         with self._lock:
-            fetcher = _HubFetcher(self._fetch, self._limits)
             try:
-                self._updater(fetcher).refresh()
+                self._refresh()
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate("metadata", exc, first_contact=self._first_contact()) from exc
 
@@ -231,9 +271,55 @@ class TrustClient:
             raise TrustError(f"trusted root holds {root.signed.type!r} metadata")
         return root.signed.version
 
-    def _fetch_verified(self, name: str, fetcher: _HubFetcher) -> Path:
-        updater = self._updater(fetcher)
-        updater.refresh()
+    def _refresh(self) -> Updater:
+        """Refresh the metadata; return an updater holding what is now trusted.
+
+        What was kept is dropped first and kept again only by a refresh that
+        succeeds, so after any failure the next refresh is ngclient's own, from disk.
+        """
+        kept, self._verified = self._verified, None
+        self._fetcher.start_call()
+        try:
+            if kept is not None and self._unchanged(kept):
+                self._verified = kept
+                return kept.updater
+            loads = kept.loads.next() if kept is not None else VerifiedLoads()
+            updater = self._updater()
+            loads.install(updater)
+            updater.refresh()
+            disk = disk_mark(self._metadata_dir)
+            timestamp = self._fetcher.last_timestamp
+            if disk is not None and timestamp is not None:
+                self._verified = Verified.capture(updater, timestamp, disk, loads)
+            return updater
+        finally:
+            self._fetcher.answered.clear()
+
+    def _unchanged(self, kept: Verified) -> bool:
+        """Whether ngclient's refresh now would keep ``kept`` as it is, writing nothing.
+
+        It asks the hub for the next root and the timestamp, as ngclient's would;
+        the answers are kept for the full refresh when the result is False.
+
+        Raises:
+            DownloadError: The hub could not be asked (ngclient would fail the same way).
+            OSError: The state folder cannot be examined.
+        """
+        next_root = f"{kept.next_root_version}.root.json"
+        if (
+            not kept.final_at(datetime.now(UTC))
+            or disk_mark(self._metadata_dir) != kept.disk
+            or (self._metadata_dir / "root_history" / next_root).exists()
+        ):
+            return False
+        # The spec's client workflow looks for root N+1 on every refresh (5.3), so
+        # a rotation, or a revoked key, is never missed while nothing else changed.
+        if self._fetcher.get(f"metadata/{next_root}") is not None:
+            return False
+        return self._fetcher.get(_TIMESTAMP) == kept.timestamp_bytes
+
+    def _fetch_verified(self, name: str) -> Path:
+        updater = self._refresh()
         info: TargetFile | None = updater.get_targetinfo(name)
         if info is None:
             raise TrustError(f"unknown target {name!r}: not in the signed targets metadata")
@@ -244,7 +330,7 @@ class TrustClient:
             )
         cached = updater.find_cached_target(info)
         if cached is None:
-            fetcher.target_cap = info.length
+            self._fetcher.target_cap = info.length
             cached = updater.download_target(info)
         return self._private_copy(name, Path(cached), info)
 
@@ -265,7 +351,7 @@ class TrustClient:
         staged.replace(final)
         return final
 
-    def _updater(self, fetcher: _HubFetcher) -> Updater:
+    def _updater(self) -> Updater:
         # Once the state folder has a root it is the anchor: it may be newer
         # than the bootstrap root after a rotation.
         bootstrap = None if self._root_path.exists() else self._bootstrap
@@ -280,7 +366,7 @@ class TrustClient:
             f"{_SCHEME}metadata/",
             str(self._targets_dir),
             f"{_SCHEME}targets/",
-            fetcher,
+            self._fetcher,
             config,
             bootstrap=bootstrap,
         )
