@@ -27,12 +27,14 @@ import functools
 import logging
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from cloud.errors import FetchRefusedError, HubError, TransportError
+from cloud.fetch_queue import FetchQueue, FetchScheduler
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.mqtt_client import HubMqttClient, Incoming
 from cloud.mqtt_fetch import FetchReply, requested_window
@@ -78,7 +80,19 @@ class MqttServerSettings:
     #: Telemetry messages taken and not yet answered; more are dropped (``overloaded``).
     max_telemetry: int = 20_000
     max_fetch_window: int = MAX_WINDOW
+    #: Fetch requests (one window each) served at once.
     max_fetches: int = 32
+    #: Fetch requests waiting for a slot, in the order they came; more are told "busy".
+    #: About 4 s of work at the thousand small fetches a second one hub process
+    #: served on two cores: well within ``max_fetch_wait_s``, so a request that gets
+    #: in is served in time rather than expiring.
+    max_queued_fetches: int = 4096
+    #: Fetch requests of one device waiting at once (so one cannot fill the queue).
+    max_queued_fetches_per_device: int = 4
+    #: Longest wait for a slot; older requests are told "busy". Below the agent's own
+    #: bounds (FetchLimits: no data for 15 s aborts a fetch, and a small file whose
+    #: first chunk comes after its 10 s grace fails the minimum-rate check).
+    max_fetch_wait_s: float = 8.0
     #: Inference requests in progress at once; more are refused (``resource-exhausted``).
     max_infers: int = 1024
     #: Largest packet the broker may hand the hub; bigger ones are dropped by the broker.
@@ -86,6 +100,14 @@ class MqttServerSettings:
     connect_timeout_s: float = 10.0
     #: Time after connecting for the retained desired states to arrive before publishing.
     settle_s: float = 0.5
+
+
+class _FetchAsk(NamedTuple):
+    """A fetch request whose reply path was checked, waiting or being served."""
+
+    device: str
+    msg: Incoming
+    reply: FetchReply
 
 
 class MqttHubServer:
@@ -114,9 +136,18 @@ class MqttHubServer:
         self._queues: list[asyncio.Queue[tuple[TopicRef, Incoming]]] = [
             asyncio.Queue(s.queue_per_worker) for _ in range(s.workers)
         ]
-        self._fetch_slots = asyncio.Semaphore(s.max_fetches)
         self._tasks: list[asyncio.Task[None]] = []
-        self._fetch_tasks: set[asyncio.Task[None]] = set()
+        #: Fetches being served, and those waiting for a slot (first come, first served).
+        self.fetches = FetchScheduler(
+            FetchQueue[_FetchAsk](
+                s.max_fetches,
+                s.max_queued_fetches,
+                s.max_queued_fetches_per_device,
+                s.max_fetch_wait_s,
+            ),
+            self._fetch,
+            self._refuse_fetch,
+        )
         self.telemetry = TelemetryIngest(core, self._send_acks, s.max_telemetry)
         #: Message ids to acknowledge at the end of this turn of the loop, by device.
         self._acks: dict[str, list[str]] = {}
@@ -141,8 +172,9 @@ class MqttHubServer:
         log.info("hub serving MQTT on %s as %s", self.endpoint.redacted(), self.mqtt.client_id)
 
     async def stop(self) -> None:
-        """Stop the workers and disconnect."""
-        tasks = [*self._tasks, *self._fetch_tasks, *self._infer_tasks]
+        """Stop the workers and disconnect; waiting fetches are told "busy"."""
+        self.fetches.close()
+        tasks = [*self._tasks, *self.fetches.tasks, *self._infer_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -256,25 +288,7 @@ class MqttHubServer:
     # -- fetch: MQTT 5 request/response --------------------------------------------
 
     def _start_fetch(self, ref: TopicRef, msg: Incoming) -> None:
-        if self._fetch_slots.locked():
-            # Say so, rather than let the device wait out its stall bound: it asks again soon.
-            self.core.drop(DropReason.FETCH_BUSY, ref.device_id)
-            corr, topic = msg.correlation, msg.response_topic
-            if (
-                corr
-                and len(corr) <= MAX_CORRELATION_BYTES
-                and topic == self.topics.down(ref.device_id, "fetch")
-            ):
-                FetchReply(self._publish_reply, topic, corr).error(
-                    FetchErrorCode.BUSY, "the hub is serving too many fetches; ask again"
-                )
-            return
-        task = asyncio.create_task(self._fetch(ref.device_id, msg))
-        self._fetch_tasks.add(task)
-        task.add_done_callback(self._fetch_tasks.discard)
-
-    async def _fetch(self, device: str, msg: Incoming) -> None:
-        corr, topic = msg.correlation, msg.response_topic
+        device, corr, topic = ref.device_id, msg.correlation, msg.response_topic
         if (
             corr is None
             or not 0 < len(corr) <= MAX_CORRELATION_BYTES
@@ -282,19 +296,28 @@ class MqttHubServer:
         ):
             self.core.drop(DropReason.BAD_FETCH, device)
             return
-        async with self._fetch_slots:
-            reply = FetchReply(self._publish_reply, topic, corr)
-            window = requested_window(msg.user, self.settings.max_fetch_window)
-            try:
-                req, size, chunks = await self.core.session(device).fetch(msg.payload)
-            except (FileNotFoundError, FetchRefusedError) as exc:
-                reply.error(fetch_error_code(exc), str(exc))
-                return
-            except HubError:
-                return  # counted by the session; the agent asks again after its timeout
-            with contextlib.closing(chunks):
-                if not await reply.chunks(chunks, req.offset, size, window):
-                    self.core.drop(DropReason.PUBLISH_FAILED, device)
+        self.fetches.submit(
+            device, _FetchAsk(device, msg, FetchReply(self._publish_reply, topic, corr))
+        )
+
+    def _refuse_fetch(self, ask: _FetchAsk) -> None:
+        # Say so, rather than let the device wait out its stall bound: it asks again soon.
+        self.core.drop(DropReason.FETCH_BUSY, ask.device)
+        ask.reply.error(FetchErrorCode.BUSY, "the hub is serving too many fetches; ask again")
+
+    async def _fetch(self, ask: _FetchAsk) -> None:
+        device, msg, reply = ask
+        window = requested_window(msg.user, self.settings.max_fetch_window)
+        try:
+            req, size, chunks = await self.core.session(device).fetch(msg.payload)
+        except (FileNotFoundError, FetchRefusedError) as exc:
+            reply.error(fetch_error_code(exc), str(exc))
+            return
+        except HubError:
+            return  # counted by the session; the agent asks again after its timeout
+        with contextlib.closing(chunks):
+            if not await reply.chunks(chunks, req.offset, size, window):
+                self.core.drop(DropReason.PUBLISH_FAILED, device)
 
     # -- split and joint inference: MQTT 5 request/response --------------------------
 

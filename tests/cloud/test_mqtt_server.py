@@ -20,6 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from cloud.fetch_queue import Admission
 from cloud.hub import Hub
 from cloud.hubcore import HubCore, HubLimits, running
 from cloud.mqtt_client import clear_retained
@@ -334,14 +335,15 @@ def test_a_fetch_beyond_the_hubs_limit_is_told_busy_and_completes_when_a_slot_fr
     hub: Hub, url: str
 ) -> None:
     async def main() -> None:
-        settings = dataclasses.replace(FAST, max_fetches=1)
+        settings = dataclasses.replace(FAST, max_fetches=1, max_queued_fetches=0)
         async with serving(hub, url, settings) as server, device(url, "cam-1") as cam:
             await next_of(cam, "welcome")
-            await server._fetch_slots.acquire()  # every slot taken by other devices' fetches
+            slots = server.fetches.queue
+            assert slots.offer("cam-2", None) is Admission.START  # the slot: another's fetch
             fetch = asyncio.create_task(cam.fetch("metadata/1.root.json", 1 << 20))
             await eventually(lambda: server.core.dropped["fetch-busy"] >= 2)
             assert not fetch.done()  # told "busy" and asking again, not failed
-            server._fetch_slots.release()
+            assert slots.release() is None
             root = await asyncio.wait_for(fetch, 10)
             assert b"root" in root
 
