@@ -38,9 +38,9 @@ from cloud.fetch_queue import FetchQueue, FetchScheduler
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.mqtt_client import HubMqttClient, Incoming
 from cloud.mqtt_fetch import FetchReply, requested_window
-from cloud.session import DropReason, ack_envelope
+from cloud.session import DropReason
 from cloud.tail_serving import TailRefusedError
-from cloud.telemetry_ingest import TelemetryIngest
+from cloud.telemetry_ingest import TelemetryIngest, ack_envelopes
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW, FetchErrorCode
@@ -63,8 +63,6 @@ _PRESENCE = {STATUS_ONLINE: True, STATUS_OFFLINE: False}
 _AT_MOST_ONCE = frozenset({"ack", "error"})
 #: Topics parsed and remembered (each device sends on a few, again and again).
 _PARSED_TOPICS = 50_000
-#: Most message ids one ack carries (an id is at most 64 characters).
-MAX_ACK_IDS = 256
 
 
 @dataclass(frozen=True)
@@ -254,7 +252,7 @@ class MqttHubServer:
 
         Every ack is a packet the broker routes and the device parses. The groups
         one commit stored wake in the same turn, so their acks go out together:
-        one envelope per device and ``MAX_ACK_IDS`` ids.
+        one envelope per device and ``cloud.telemetry_ingest.MAX_ACK_IDS`` ids.
         """
         if not self._acks:
             asyncio.get_running_loop().call_soon(self._flush_acks)
@@ -263,11 +261,8 @@ class MqttHubServer:
     def _flush_acks(self) -> None:
         acks, self._acks = self._acks, {}
         for device, ids in acks.items():
-            unique = list(dict.fromkeys(ids))
             topic = self.topics.down(device, "ack")
-            for start in range(0, len(unique), MAX_ACK_IDS):
-                env = ack_envelope(device, unique[start])
-                env.ack.ids.extend(unique[start + 1 : start + MAX_ACK_IDS])
+            for env in ack_envelopes(device, ids):
                 # At QoS 0, as every ack (see _send): a lost one costs a resend.
                 if not self.mqtt.publish(topic, encode_envelope(env), qos=0):
                     self.core.drop(DropReason.PUBLISH_FAILED, device)
