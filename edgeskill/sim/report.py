@@ -26,6 +26,7 @@ __all__ = [
     "RunSummary",
     "VersionCount",
     "VersionSummary",
+    "WaveSummary",
     "merge_versions",
     "outcome_lines",
     "percentile",
@@ -99,6 +100,30 @@ def merge_versions(statuses: Iterable[Mapping[str, Any]]) -> dict[str, VersionKp
     return merged
 
 
+@dataclass(frozen=True)
+class WaveSummary:
+    """One wave of a staged deployment: the devices seen admitted at the same look."""
+
+    #: Seconds from the deployment to the look that saw the wave open.
+    opened_s: float
+    devices: int
+    #: Of the wave's devices seen active, from the wave's opening.
+    active_p50_s: float | None
+    active_p99_s: float | None
+
+
+def waves_of(opened: Mapping[str, float], active: Mapping[str, float]) -> list[WaveSummary]:
+    """Group devices by the look that saw their wave open; each wave's time to active."""
+    members: dict[float, list[str]] = {}
+    for device, at in opened.items():
+        members.setdefault(at, []).append(device)
+    waves = []
+    for at, devices in sorted(members.items()):
+        waited = sorted(active[d] - at for d in devices if d in active)
+        waves.append(WaveSummary(at, len(devices), percentile(waited, 50), percentile(waited, 99)))
+    return waves
+
+
 @dataclass
 class VersionSummary:
     """One row of the summary: a deployed (or running) version."""
@@ -126,6 +151,8 @@ class VersionSummary:
     outcome_reason: str = ""
     #: Devices a staged rollout admitted (moved, or tried to); None all at once.
     moved: int | None = None
+    #: A staged rollout's waves, in the order they opened.
+    waves: list[WaveSummary] = field(default_factory=list)
     #: CPU seconds from the deployment until it settled: the hub processes', and the
     #: simulator's worker processes' (the agents', sharing the same cores).
     hub_cpu_s: float | None = None

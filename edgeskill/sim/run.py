@@ -50,12 +50,14 @@ from edgeskill.sim.report import (
     RunSummary,
     VersionCount,
     VersionSummary,
+    WaveSummary,
     merge_versions,
     outcome_lines,
     percentile,
     progress_table,
     summary_table,
     tally,
+    waves_of,
     write_json,
 )
 from edgeskill.sim.runtime import synthetic_source
@@ -181,6 +183,7 @@ class _Deployed:
     failed_seen: int = 0
     hub_cpu_s: float | None = None
     agents_cpu_s: float | None = None
+    waves: list[WaveSummary] = field(default_factory=list)
 
 
 def run_sim(settings: SimSettings, console: Console) -> int:
@@ -428,6 +431,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         peak["failed"],
         hub_cpu,
         agents_cpu,
+        waves_of(opened, active) if staged else [],
     )
 
 
@@ -476,6 +480,7 @@ def _summary(
                 moved=d.moved if d else None,
                 hub_cpu_s=d.hub_cpu_s if d else None,
                 agents_cpu_s=d.agents_cpu_s if d else None,
+                waves=d.waves if d else [],
             )
         )
     enrol = [t for s in statuses for t in s.get("enrol_s", [])]

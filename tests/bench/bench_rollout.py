@@ -105,6 +105,12 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
         # the least converge time those cores allow when the devices are elsewhere.
         "hub_bound_s": _round(upgrade["hub_cpu_s"] / HUB_CORES),
         "vs_greengrass": _round(greengrass_s / converge) if converge else None,
+        "waves": len(upgrade["waves"]) or 1,
+        # A staged upgrade's slowest wave: its p99 from the wave's own opening.
+        "worst_wave_p99_s": _round(
+            max((w["active_p99_s"] or 0.0 for w in upgrade["waves"]), default=None)
+        ),
+        "wave_detail": upgrade["waves"],
         "wall_s": round(wall, 1),
     }
 
@@ -136,6 +142,12 @@ def strategy_name(plan: Path | None) -> str:
     return f"{data.get('strategy', 'all-at-once')}:{plan.name}"
 
 
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 2)
 
@@ -148,9 +160,19 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         table.add_column(str(row["transport"]), justify="right")
     for key in rows[0]:
-        if key not in ("transport", "devices", "strategy"):
+        if key not in ("transport", "devices", "strategy", "wave_detail"):
             table.add_row(key, *("-" if r[key] is None else str(r[key]) for r in rows))
     console.print(table)
+    for row in rows:
+        if len(row["wave_detail"]) < 2:
+            continue
+        waves = Table(title=f"{row['transport']}: time to active by wave, from its opening")
+        for name in ("wave", "opened at s", "devices", "p50 s", "p99 s"):
+            waves.add_column(name, justify="right")
+        for i, w in enumerate(row["wave_detail"]):
+            cells = (w["opened_s"], w["devices"], w["active_p50_s"], w["active_p99_s"])
+            waves.add_row(str(i + 1), *(_cell(v) for v in cells))
+        console.print(waves)
 
 
 def main() -> None:

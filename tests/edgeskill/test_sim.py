@@ -39,6 +39,7 @@ from edgeskill.sim.params import (
     plan_devices,
     version_specs,
 )
+from edgeskill.sim.report import waves_of
 from edgeskill.sim.runtime import (
     BOARD_SPEED,
     SimStats,
@@ -165,7 +166,22 @@ def test_on_200_devices_gates_stop_bad_versions_at_the_canary_and_promote_a_good
     # A device's time to active counts from its own wave: the 160 after the canary (and
     # its 2 s soak) do not count the canary's time, so the p99 is below the rollout's end.
     assert rows["6.0.0"]["active_p99_s"] <= rows["6.0.0"]["converge_s"] - 2.0
+    # Each wave on its own: the canary's 40 first, the rest after its soak.
+    waves = rows["6.0.0"]["waves"]
+    assert waves[0]["devices"] == 40 and sum(w["devices"] for w in waves) == 200
+    assert waves[-1]["opened_s"] >= waves[0]["opened_s"] + 2.0
+    assert all(w["active_p99_s"] <= rows["6.0.0"]["converge_s"] for w in waves)
     assert "3.0.0: rolled_back after moving 40 device(s): gate failed: accuracy" in result.stdout
+
+
+def test_waves_are_the_devices_seen_admitted_at_the_same_look() -> None:
+    opened = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 5.0, "e": 5.0}
+    active = {"a": 2.0, "b": 3.0, "d": 5.5, "e": 9.0}  # c never became active
+    waves = waves_of(opened, active)
+    assert [(w.opened_s, w.devices) for w in waves] == [(1.0, 3), (5.0, 2)]
+    assert (waves[0].active_p50_s, waves[0].active_p99_s) == (1.0, 2.0)
+    assert (waves[1].active_p50_s, waves[1].active_p99_s) == (0.5, 4.0)
+    assert waves_of({}, {}) == []
 
 
 def _processes_naming(text: str) -> list[int]:
