@@ -150,6 +150,7 @@ class Agent:
         self.link = link or HubLink(config.max_bundle_bytes)
         #: Split and joint inference: the link estimate and a broker per skill version.
         self.splits = SplitRuntime(lambda: self.link.transport, clock=clock)
+        self._wake_reconcile = asyncio.Event()
         self.reconciler = Reconciler(
             installs,
             fetch_target,
@@ -159,6 +160,7 @@ class Agent:
             on_event=self.security_event,
             on_started=self._skill_started,
             on_stopped=self._skill_stopped,
+            on_fetched=self._wake_reconcile.set,
         )
         #: Only the director's signed instructions get through (plain ones when insecure).
         self.gate = DesiredGate(
@@ -190,7 +192,6 @@ class Agent:
         self._open_transport = transport_factory
         self._source = source
         self._clock = clock
-        self._wake_reconcile = asyncio.Event()
         self._wake_flush = asyncio.Event()
         self._report_due = True
         self._started = clock()

@@ -115,6 +115,9 @@ class Reconciler:
         keep_versions: Versions of each skill kept on disk (current and previous first).
         on_event: Told of every containment: ``("sandbox", reason, detail, "name version")``.
         supervise_s: Longest a pass waits for a background fetch before it returns.
+        on_fetched: Told when a background fetch ends, done or failed, so that a fetch
+            that outlasted its pass's ``supervise_s`` is acted on at once (the caller
+            runs a pass) rather than at the next periodic one.
         on_started: Told of every control process that starts running (split inference
             attaches to it); ``on_stopped(name)`` of every one stopped.
         on_stopped: See ``on_started``.
@@ -133,6 +136,7 @@ class Reconciler:
         supervise_s: float = 1.0,
         on_started: OnStarted | None = None,
         on_stopped: Callable[[str], None] | None = None,
+        on_fetched: Callable[[], None] | None = None,
     ) -> None:
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
@@ -145,6 +149,7 @@ class Reconciler:
         self.processes: dict[str, SkillProcess] = {}
         self._on_started = on_started
         self._on_stopped = on_stopped
+        self._on_fetched = on_fetched
         self.states: dict[str, SkillState] = {}
         self._process_versions: dict[str, str] = {}
         self._failures: dict[tuple[str, str], Failure] = {}
@@ -264,7 +269,11 @@ class Reconciler:
         match action:
             case Fetch():
                 key = (action.name, action.version)
-                self._fetches[key] = asyncio.create_task(self._fetch(action, current or ""))
+                task = asyncio.create_task(self._fetch(action, current or ""))
+                if self._on_fetched is not None:
+                    on_fetched = self._on_fetched
+                    task.add_done_callback(lambda _task: on_fetched())
+                self._fetches[key] = task
             case Activate():
                 await self._activate(action, current or "", want)
             case Start():

@@ -441,3 +441,49 @@ def test_only_a_stand_in_that_never_blocks_is_answered_on_the_loop(tmp_path: Pat
     assert len(piped.threads) == 3 and loop_thread not in piped.threads
     assert agent.windows[("s", "1")].inferences == agent.windows[("s", "2")].inferences == 3
     agent.outbox.close()
+
+
+def test_a_fetch_that_outlasts_its_pass_is_activated_when_it_ends_not_at_the_next_tick(
+    tmp_path: Path,
+) -> None:
+    """A bundle still downloading when the pass stops waiting for it (the reconciler's
+    ``supervise_s``) starts as soon as it arrives, not at the periodic reconcile."""
+    src = tmp_path / "emitter-src"
+    (src / "control").mkdir(parents=True)
+    (src / "skill.toml").write_text(EMITTER_TOML)
+    (src / "control" / "emitter_skill.py").write_text(EMITTER_CODE)
+    bundle = build_skill(src, "1.0.0", [], tmp_path / "dist")
+    # The periodic pass is far beyond the test's deadline: only the fetch's end can wake it.
+    config = _config(tmp_path, insecure=True, reconcile_interval_s=600.0)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    released = threading.Event()
+
+    def slow_fetch(target: str) -> Path:
+        assert target == "emitter/1.0.0"
+        if not released.wait(30):
+            raise TimeoutError("the test never released the fetch")
+        return bundle
+
+    agent = _agent(config, transport, FakeLauncher(), fetch_target=slow_fetch)
+    agent.reconciler.supervise_s = 0.05
+    desired = pb.DesiredState(generation=1)
+    desired.skills.add(name="emitter", version="1.0.0", target_name="emitter/1.0.0")
+
+    def state() -> str:
+        s = agent.reconciler.states.get("emitter")
+        return f"{s.state} {s.version}" if s else ""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await transport.inbox.put(make_envelope("hub", desired=desired))
+        await async_wait_until(lambda: state() == "installing ", 10, "the fetch to start")
+        # The pass gave up waiting and reported: the reconcile loop now sleeps.
+        await async_wait_until(lambda: not agent._report_due, 10, "the pass to return")
+        assert not agent._wake_reconcile.is_set()
+        released.set()
+        await async_wait_until(lambda: state() == "running 1.0.0", 10, "the version to start")
+        stop.set()
+        await running
+
+    asyncio.run(main())
