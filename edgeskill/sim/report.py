@@ -183,6 +183,8 @@ class RunSummary:
     hub_peak_rss_mb: float | None = None
     #: CPU seconds of the worker processes: what the simulated agents cost this machine.
     agents_cpu_s: float | None = None
+    #: Objects the workers froze out of garbage collection once their fleet was up.
+    agents_heap_frozen: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain data."""

@@ -103,6 +103,8 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
     assert 0 < summary["hub_inferences"] <= summary["device_inferences"]
     assert summary["hub_cpu_s"] > 0 and summary["hub_peak_rss_mb"] > 50  # a Python hub process
     assert summary["agents_cpu_s"] > 0
+    # Once the fleet was up, the workers froze their long-lived objects out of the GC.
+    assert summary["agents_heap_frozen"] > 0
     # Each deployment's share of the CPU, measured from its start to its settling.
     for version in ("1.0.0", "2.0.0"):
         assert 0 < rows[version]["hub_cpu_s"] < summary["hub_cpu_s"]
