@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,25 +116,63 @@ class HubDirector:
             DirectorError: The desired state is too large to sign, or signers kept racing.
             StoreError: The store failed.
         """
-        payload = desired_message(desired).SerializeToString(deterministic=True)
-        if len(payload) > _MAX_PAYLOAD_BYTES:
-            raise DirectorError(f"desired state of {desired.device_id} is {len(payload)} bytes")
-        digest = hashlib.sha256(payload).hexdigest()
-        margin_ms = int(self.settings.refresh_margin_s * 1000)
+        payload, digest = self._payload(desired)
         for _ in range(_CAS_TRIES):
             now_at = now_ms() if now is None else now
             stored = store.instruction_for(desired.device_id)
-            if (
-                stored is not None
-                and stored.payload_sha256 == digest
-                and stored.expires_ms - now_at > margin_ms
-            ):
+            if stored is not None and self._reusable(stored, digest, now_at):
                 return stored
             record = self._sign(desired, payload, digest, stored, now_at)
             if store.save_instruction(record, previous=stored.counter if stored else 0):
                 self.signed += 1
                 return record
         raise DirectorError(f"could not store an instruction for {desired.device_id}: contention")
+
+    def instructions(
+        self, store: Store, records: Sequence[DesiredRecord], now: int | None = None
+    ) -> dict[str, InstructionRecord | DirectorError]:
+        """:meth:`instruction` for several devices, reading their stored ones in one query.
+
+        Those still current (the usual case: the notifier's poll signed them) come
+        from that one read; the rest go through :meth:`instruction` one by one. A
+        device whose state cannot be signed gets its error in its place, and the
+        others their instructions. Blocking: call from a worker thread.
+
+        Raises:
+            StoreError: The store failed.
+        """
+        now_at = now_ms() if now is None else now
+        stored = store.instructions_many([r.device_id for r in records])
+        found: dict[str, InstructionRecord | DirectorError] = {}
+        for desired in records:
+            device = desired.device_id
+            try:
+                _, digest = self._payload(desired)
+                current = stored.get(device)
+                if current is not None and self._reusable(current, digest, now_at):
+                    found[device] = current
+                else:
+                    found[device] = self.instruction(store, desired, now_at)
+            except DirectorError as exc:
+                found[device] = exc
+        return found
+
+    @staticmethod
+    def _payload(desired: DesiredRecord) -> tuple[bytes, str]:
+        """The signed payload of ``desired`` and its SHA-256 (hex).
+
+        Raises:
+            DirectorError: the payload is over the cap.
+        """
+        payload = desired_message(desired).SerializeToString(deterministic=True)
+        if len(payload) > _MAX_PAYLOAD_BYTES:
+            raise DirectorError(f"desired state of {desired.device_id} is {len(payload)} bytes")
+        return payload, hashlib.sha256(payload).hexdigest()
+
+    def _reusable(self, stored: InstructionRecord, digest: str, now: int) -> bool:
+        """Whether ``stored`` carries the state of ``digest`` and is not close to expiry."""
+        margin_ms = int(self.settings.refresh_margin_s * 1000)
+        return stored.payload_sha256 == digest and stored.expires_ms - now > margin_ms
 
     def _sign(
         self,

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 
+from cloud.batched_reads import BatchedReads
 from cloud.desired_watch import DesiredNotifier
 from cloud.director import HubDirector, signed_envelope
 from cloud.drift_samples import DEFAULT_CAPS as DEFAULT_SAMPLE_CAPS
@@ -160,6 +161,9 @@ class HubCore:
             ),
             name="reports",
         )
+        self._desired_reads: BatchedReads[str, pb.Envelope] = BatchedReads(
+            self._desired_many, max_keys=_DESIRED_BATCH
+        )
         #: Occurrences devices reported, by (kind, reason); exported as metrics.
         self.security_events: Counter[tuple[str, str]] = Counter()
         poll = (
@@ -284,16 +288,23 @@ class HubCore:
     async def desired(self, device_id: str) -> pb.Envelope:
         """The device's current desired state as an envelope, signed unless insecure.
 
+        Read together with the other devices asking at the same time (a deployment
+        wakes thousands of sessions at once): one store read for up to 500.
+
         Raises:
             StoreError: the store failed, or (DirectorError) the state cannot be signed.
         """
-        return await asyncio.to_thread(self._desired, device_id)
+        return await self._desired_reads.get(device_id)
 
-    def _desired(self, device_id: str) -> pb.Envelope:
-        record = self.store.desired_for(device_id)
+    def _desired_many(self, devices: list[str]) -> dict[str, pb.Envelope | Exception]:
+        records = self.store.desired_many(devices)
         if self.director is None:
-            return desired_envelope(device_id, record)
-        return signed_envelope(device_id, self.director.instruction(self.store, record))
+            return {r.device_id: desired_envelope(r.device_id, r) for r in records}
+        signed = self.director.instructions(self.store, records)
+        return {
+            d: found if isinstance(found, Exception) else signed_envelope(d, found)
+            for d, found in signed.items()
+        }
 
     async def desired_changes(
         self, published: Mapping[str, int]

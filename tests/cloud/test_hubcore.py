@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from cloud.director import DirectorSettings, HubDirector
 from cloud.errors import FetchRefusedError, FetchTooLargeError, FetchUnknownDeviceError
 from cloud.hubcore import HubCore, fetch_error_code, running
-from cloud.store import open_store
+from cloud.store import DesiredRecord, Store, open_store
 from protos import ProtocolError, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from protos.fetch import FetchErrorCode
@@ -273,3 +275,62 @@ def test_security_events_are_stored_counted_acknowledged_and_deduplicated(core: 
     assert [(e.kind, e.reason, e.count, e.detail) for e in stored] == [
         ("desired-refused", "foreign", 3, "x")
     ]
+
+
+class CountingStore:
+    """The real store, with its single-device and many-device desired reads counted."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.reads: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def desired_many(self, device_ids: Sequence[str]) -> list[DesiredRecord]:
+        self.reads.append(len(device_ids))
+        return self._store.desired_many(device_ids)
+
+    def desired_for(self, device_id: str) -> DesiredRecord:
+        raise AssertionError("a session's desired state is read in a batch")
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_sessions_woken_together_read_their_desired_states_in_one_query(
+    core: HubCore, tmp_path: Path, signed: bool
+) -> None:
+    devices = [f"cam-{i}" for i in range(40)]
+    director = HubDirector(tmp_path / "home") if signed else None
+    counted = CountingStore(core.store)
+    hub = HubCore(cast("Store", counted), core.trust, director=director)
+
+    async def main() -> list[pb.Envelope]:
+        for device in devices:
+            await core.register(register(device, kind="camera"))
+        core.store.add_skill_version(
+            "digits",
+            "1.0.0",
+            target_name="digits/1.0.0",
+            sha256="a" * 64,
+            size=1,
+            manifest="[skill]",
+            now_ms=1,
+        )
+        core.store.create_group("cams", "kind=camera")
+        core.store.create_deployment("digits", "1.0.0", "cams", now_ms=now_ms())
+        counted.reads.clear()
+        return await asyncio.gather(*(hub.desired(d) for d in devices))
+
+    envelopes = asyncio.run(main())
+    assert counted.reads == [len(devices)]
+    for device, env in zip(devices, envelopes, strict=True):
+        assert env.device_id == device
+        if director is None:
+            assert env.desired.generation > 0 and env.desired.skills[0].version == "1.0.0"
+        else:
+            assert _verify(director, env, device, 0) == 1
+    if director is not None:  # signed once each; asked again, the stored ones are reused
+        assert director.signed == len(devices)
+        again = asyncio.run(hub.desired("cam-3"))
+        assert again.signed_desired.instruction == envelopes[3].signed_desired.instruction
+        assert director.signed == len(devices)
