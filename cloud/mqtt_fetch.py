@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from protos import pb
 from protos.fetch import DEFAULT_WINDOW, WINDOW_PROPERTY, FetchErrorCode
+from protos.paho_loop import publish_properties
 from protos.topics import CHUNK_CONTENT_TYPE, ERROR_CONTENT_TYPE
 
 __all__ = ["FetchReply", "requested_window"]
@@ -39,10 +39,7 @@ class FetchReply:
         self._publish, self._topic, self._corr = publish, topic, corr
 
     def _props(self, content_type: str) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)
-        props.CorrelationData = self._corr
-        props.ContentType = content_type
-        return props
+        return publish_properties(correlation=self._corr, content_type=content_type)
 
     def error(self, code: FetchErrorCode, message: str) -> bool:
         """Refuse the request.

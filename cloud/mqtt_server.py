@@ -29,7 +29,6 @@ import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -44,6 +43,7 @@ from cloud.telemetry_ingest import TelemetryIngest, ack_envelopes
 from protos import decode_envelope, encode_envelope, kind_of, pb
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES, MAX_WINDOW, FetchErrorCode
+from protos.paho_loop import publish_properties
 from protos.topics import (
     DESIRED_KINDS,
     ERROR_CONTENT_TYPE,
@@ -345,14 +345,13 @@ class MqttHubServer:
     def _answer_infer(
         self, device: str, topic: str, corr: bytes, answer: pb.InferResponse | TailRefusedError
     ) -> None:
-        props = Properties(PacketTypes.PUBLISH)
-        props.CorrelationData = corr
         if isinstance(answer, TailRefusedError):
-            props.ContentType = ERROR_CONTENT_TYPE
+            ctype = ERROR_CONTENT_TYPE
             body = pb.Error(code=answer.code, message=answer.message[:1000]).SerializeToString()
         else:
-            props.ContentType = INFER_CONTENT_TYPE
+            ctype = INFER_CONTENT_TYPE
             body = answer.SerializeToString()
+        props = publish_properties(correlation=corr, content_type=ctype)
         if not self.mqtt.publish(topic, body, props=props):
             self.core.drop(DropReason.PUBLISH_FAILED, device)
 

@@ -37,7 +37,7 @@ from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from protos.fetch import MAX_CORRELATION_BYTES
-from protos.paho_loop import LeanClient, PahoLoop
+from protos.paho_loop import LeanClient, PahoLoop, publish_properties
 from protos.topics import (
     ERROR_CONTENT_TYPE,
     INFER_CONTENT_TYPE,
@@ -448,10 +448,9 @@ class MqttAgentTransport(AgentTransport):
         return _infer_answer(ctype, body)
 
     def _response_props(self, kind: str, corr: bytes) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = self._topics.down(self._device_id, kind)
-        props.CorrelationData = corr
-        return props
+        return publish_properties(
+            response_topic=self._topics.down(self._device_id, kind), correlation=corr
+        )
 
     async def close(self) -> None:
         """Say ``offline``, disconnect and stop watching the socket; safe to call twice."""

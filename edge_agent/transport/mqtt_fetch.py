@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge_agent.errors import TransportError
 from edge_agent.transport.base import FetchAborted, FetchBusy
 from protos import pb
 from protos.fetch import WINDOW_PROPERTY, FetchErrorCode
+from protos.paho_loop import publish_properties
 from protos.topics import ERROR_CONTENT_TYPE, Topics
 
 __all__ = ["MAX_CHUNK_BYTES", "read_chunk", "window_request"]
@@ -33,10 +33,11 @@ def window_request(
     Raises:
         ProtocolError: a bad device id.
     """
-    props = Properties(PacketTypes.PUBLISH)
-    props.ResponseTopic = topics.down(device_id, "fetch")
-    props.CorrelationData = corr
-    props.UserProperty = (WINDOW_PROPERTY, str(window))
+    props = publish_properties(
+        response_topic=topics.down(device_id, "fetch"),
+        correlation=corr,
+        user=((WINDOW_PROPERTY, str(window)),),
+    )
     return topics.up(device_id, "fetch"), req.SerializeToString(), props
 
 

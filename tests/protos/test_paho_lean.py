@@ -11,7 +11,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from protos.paho_loop import LeanClient
+from protos.paho_loop import LeanClient, PackedProperties, publish_properties
 
 TOPIC = "es/dev/d-1/up/telemetry"
 
@@ -271,3 +271,83 @@ def test_packets_that_need_work_once_written_are_not_joined() -> None:
     assert [p["command"] & 0xF0 for p in client._out_packet] == [0x40, 0x30]
     client._sock.close()  # type: ignore[union-attr]
     client._sock = None
+
+
+PACKED_CASES = [
+    pytest.param({}, {}, id="none"),
+    pytest.param(
+        {"response_topic": "es/dev/d-1/down/fetch", "correlation": b"\x00c" * 20},
+        {"ResponseTopic": "es/dev/d-1/down/fetch", "CorrelationData": b"\x00c" * 20},
+        id="request",
+    ),
+    pytest.param(
+        {"correlation": b"id", "content_type": "application/x-es-chunk"},
+        {"CorrelationData": b"id", "ContentType": "application/x-es-chunk"},
+        id="reply",
+    ),
+    pytest.param(
+        {"response_topic": "é/ü", "correlation": b"", "user": (("window", "8"), ("k", "v"))},
+        {
+            "ResponseTopic": "é/ü",
+            "CorrelationData": b"",
+            "UserProperty": [("window", "8"), ("k", "v")],
+        },
+        id="utf8-and-user-pairs",
+    ),
+]
+
+
+@pytest.mark.parametrize(("packed_args", "paho_values"), PACKED_CASES)
+def test_packed_properties_are_the_bytes_and_values_paho_would_make(
+    packed_args: dict[str, Any], paho_values: dict[str, Any]
+) -> None:
+    packed = publish_properties(**packed_args)
+    paho = _properties(**paho_values)
+    assert packed.pack() == paho.pack()
+    assert packed.json() == paho.json() and str(packed) == str(paho)
+    for name, value in paho_values.items():
+        assert getattr(packed, name) == value
+    # The PUBLISH paho writes with them is the one it writes with its own.
+    assert _wire(mqtt.MQTTv5, 1, props=packed) == _wire(mqtt.MQTTv5, 1, props=paho)
+
+
+def test_packed_properties_refuse_changes_and_oversized_fields() -> None:
+    packed = publish_properties(correlation=b"id")
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        packed.ContentType = "text/plain"
+    assert (
+        isinstance(packed, PackedProperties)
+        and packed.pack() == _properties(CorrelationData=b"id").pack()
+    )
+    with pytest.raises(ValueError, match="65535"):
+        publish_properties(correlation=bytes(65_536))
+
+
+def _puback(cls: type[mqtt.Client], packet: bytes) -> list[tuple[int, int, str]]:
+    """What ``on_publish`` hears when ``packet`` acknowledges the client's one QoS 1 publish."""
+    client = _client(cls, mqtt.MQTTv5)
+    heard: list[tuple[int, int, str]] = []
+    client.on_publish = lambda _c, _u, mid, rc, props: heard.append((mid, rc.value, str(props)))
+    info = client.publish(TOPIC, b"body", qos=1)
+    client._in_packet["command"] = 0x40
+    client._in_packet["packet"] = bytearray(packet.replace(b"MM", info.mid.to_bytes(2, "big")))
+    try:
+        assert client._handle_pubackcomp("PUBACK") == mqtt.MQTT_ERR_SUCCESS
+    finally:
+        client._sock.close()  # type: ignore[union-attr]
+    return heard
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        pytest.param(b"MM", id="plain"),
+        pytest.param(b"MM\x10", id="reason-code"),
+        pytest.param(b"MM\x00\x05\x1f\x00\x02no", id="reason-string"),
+        pytest.param(b"\xff\xfe", id="unknown-mid"),
+    ],
+)
+def test_a_puback_is_heard_as_paho_hears_it(packet: bytes) -> None:
+    heard = _puback(LeanClient, packet)
+    assert heard == _puback(mqtt.Client, packet)
+    assert len(heard) == (0 if packet == b"\xff\xfe" else 1)
