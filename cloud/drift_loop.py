@@ -50,12 +50,12 @@ from cloud.drift import (
 from cloud.drift.settings import DriftSettings
 from cloud.errors import HubError, StoreError, ValidationError
 from cloud.loops import LoopFactory, periodic
-from cloud.selectors import parse_selector
 from protos.envelope import now_ms
 
 if TYPE_CHECKING:
     from cloud.drift_retrain import Labelled
     from cloud.service import FleetService
+    from cloud.store import TelemetryRecord
     from cloud.store.model_records import JobRecord, ModelRecord
 
 __all__ = ["DRIFT_TICK_S", "DriftLoop", "RetrainSteps"]
@@ -147,9 +147,16 @@ class DriftLoop:
         now = self._clock()
         stored = 0
         settings = self._fleet.drift.all_settings()
-        for group, skills in self._deployed().items():
-            chosen = settings.get(group, DriftSettings())
-            stored += self._observe_group(group, skills, chosen, now)
+        deployed = self._deployed()
+        if not deployed:
+            return 0
+        chosen = {group: settings.get(group, DriftSettings()) for group in deployed}
+        # One read of the windows for every group (the longest retention), and the
+        # devices of a group only when it has windows to judge.
+        oldest = max(0, now - max(c.policy.retention_ms for c in chosen.values()))
+        windows = self._fleet.drift.windows(oldest)
+        for group, skills in deployed.items():
+            stored += self._observe_group(group, skills, chosen[group], windows, now)
         return stored
 
     def _deployed(self) -> dict[str, set[str]]:
@@ -160,10 +167,15 @@ class DriftLoop:
         return out
 
     def _observe_group(
-        self, group: str, skills: set[str], settings: DriftSettings, now: int
+        self,
+        group: str,
+        skills: set[str],
+        settings: DriftSettings,
+        windows: list[TelemetryRecord],
+        now: int,
     ) -> int:
         policy = settings.policy
-        aggregates = self._aggregates(group, skills, policy.retention_ms, now)
+        aggregates = self._aggregates(group, skills, windows, max(0, now - policy.retention_ms))
         incidents = [
             r.state
             for r in self._fleet.drift.recent(max(0, now - round(policy.cooldown_s * 1000)))
@@ -178,13 +190,16 @@ class DriftLoop:
         return stored
 
     def _aggregates(
-        self, group: str, skills: set[str], retention_ms: int, now: int
+        self, group: str, skills: set[str], windows: list[TelemetryRecord], since_ms: int
     ) -> dict[DriftKey, DriftAggregate]:
+        records = [w for w in windows if w.skill in skills and w.window_end_ms >= since_ms]
+        if not records:
+            return {}
         selector = next(g.selector for g in self._fleet.groups.list() if g.name == group)
-        members = {d.device_id for d in self._fleet.devices.list(parse_selector(selector))}
+        members = self._fleet.devices.ids(selector)
         found: dict[DriftKey, list[DriftWindow]] = {}
-        for record in self._fleet.drift.windows(max(0, now - retention_ms)):
-            if record.device_id not in members or record.skill not in skills:
+        for record in records:
+            if record.device_id not in members:
                 continue
             try:
                 window = DriftWindow.from_metrics(

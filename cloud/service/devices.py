@@ -109,6 +109,18 @@ class DeviceService:
         now = self._clock()
         return [device_view(s, now) for s in states]
 
+    def ids(
+        self, selector: Mapping[str, str] | str | None = None, *, project: str | None = None
+    ) -> set[str]:
+        """The ids of the devices ``selector`` selects (all by default): one query, no views.
+
+        Raises:
+            ValidationError: A malformed selector.
+            StoreError: The store failed.
+        """
+        wanted = parse_selector(selector) if isinstance(selector, str) else selector
+        return self._store.device_ids(wanted, project=project)
+
     def get(self, device_id: str, *, project: str | None = None) -> DeviceView:
         """One device.
 

@@ -354,6 +354,19 @@ class DeviceTables(StoreBase):
         """
         return self._devices(_in_project(selector_clause(check_labels(selector or {})), project))
 
+    def device_ids(
+        self, selector: Mapping[str, str] | None = None, *, project: str | None = None
+    ) -> set[str]:
+        """The ids of the devices ``selector`` selects (all when None or empty): one query.
+
+        Raises:
+            ValidationError: The selector is malformed.
+            StoreError: The database failed.
+        """
+        where = _in_project(selector_clause(check_labels(selector or {})), project)
+        with self._tx() as conn:
+            return {row.device_id for row in conn.execute(select(devices.c.device_id).where(where))}
+
     def _devices(self, where: Any) -> list[DeviceRecord]:
         ids = select(devices.c.device_id).where(where)
         with self._tx() as conn:

@@ -231,3 +231,30 @@ def test_a_restart_mid_incident_resumes_from_the_stored_stage(hub: Hub) -> None:
     restarted, _ = loop_of(hub, clock, fresh)  # the hub was killed during training
     assert restarted.step(opened.id) is Stage.BUILT
     assert fresh.calls == ["train 11", "build"]  # the same job, resumed; not a new one
+
+
+def test_only_the_groups_devices_count_and_a_pass_without_windows_reads_no_devices(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    loop, fleet = loop_of(hub, clock, ScriptedRetrainer(hub))
+    reads: list[object] = []
+    members = fleet.devices.ids
+
+    def counted(*args: Any, **kwargs: Any) -> set[str]:
+        reads.append(args)
+        return members(*args, **kwargs)
+
+    monkeypatch.setattr(fleet.devices, "ids", counted)
+    assert loop.observe() == 0 and reads == []  # nothing reported: the fleet is not read
+    # Two drifting devices outside the group, and two of its five cameras: under min_devices.
+    for stranger in ("dog-1", "dog-2"):
+        hub.store.register_device(stranger, {"kind": "dog"}, {}, now_ms=START)
+        record = TelemetryRecord(
+            "digits", "1.0.0", 200, 0, 0, 1.0, 2.0, START - 60_000, START,
+            metrics={"drift.n": 200.0, "drift.psi_class": 0.6, "drift.psi_confidence": 0.6},
+        )  # fmt: skip
+        hub.store.add_telemetry(f"{stranger}-w", stranger, record)
+    report(hub, START, drifting=2)
+    assert loop.observe() == 0 and len(reads) == 1
+    assert fleet.drift.incidents() == []
