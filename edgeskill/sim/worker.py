@@ -244,7 +244,7 @@ def _all_connected(worker: _Worker) -> bool:
     return len(worker.agents) == started > 0 and worker.faults.connected >= started
 
 
-def freeze_heap() -> int:
+def _freeze_heap() -> int:
     """Move every object alive now out of the collector's sight; how many were moved.
 
     A worker holds a thousand agents or more: some 600,000 long-lived objects
@@ -263,7 +263,7 @@ async def _report(worker: _Worker, stop: asyncio.Event) -> None:
     while not stop.is_set():
         if not frozen and _all_connected(worker):
             frozen = True
-            freeze_heap()
+            _freeze_heap()
         await asyncio.to_thread(worker.write_status)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STATUS_INTERVAL_S):
