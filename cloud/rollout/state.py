@@ -11,6 +11,7 @@ rollback stick once seen.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -134,9 +135,17 @@ class RolloutState:
     def from_json(cls, text: str) -> RolloutState:
         """Read a state written by :meth:`to_json`.
 
+        A state is immutable, so the last few read are kept by their text: the
+        leader reads back the state it stored, or the one left unchanged, every
+        pass (at 10,000 devices a parse took 75 ms, twice a pass).
+
         Raises:
             ValidationError: The text is not a stored rollout state.
         """
+        return _parsed_state(text) if cls is RolloutState else cls._parse(text)
+
+    @classmethod
+    def _parse(cls, text: str) -> RolloutState:
         try:
             d = json.loads(text)
             _check(d.pop("schema", None) == 1, "unknown schema")
@@ -251,3 +260,9 @@ def _newer_targets(event: Targets, state: RolloutState) -> bool:
         return event.at_ms > state.targets_at_ms
     mine = (sorted(event.devices), sorted(event.previous.items()))
     return mine > (sorted(state.targets), sorted(state.previous.items()))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_state(text: str) -> RolloutState:
+    """:meth:`RolloutState.from_json`'s parse, kept for the last texts read (a failure is not)."""
+    return RolloutState._parse(text)

@@ -8,6 +8,7 @@ ended before it out of their KPIs (the new version's are never cut).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,10 +73,19 @@ def read_facts(conn: Connection, dep: DeploymentRecord, where: Any) -> RolloutFa
 
 def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | None:
     try:
-        items = json.loads(text)
-        return next((SkillStatusRecord(**i) for i in items if i.get("name") == skill), None)
+        return _status_in(text, skill)
     except (ValueError, TypeError, AttributeError) as exc:
         raise StoreError(f"stored report of {device_id!r} is corrupt: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _status_in(text: str, skill: str) -> SkillStatusRecord | None:
+    """``skill``'s status in a stored report, parsed once per text: a fleet's devices
+    mostly report the same text (the same skills in the same states), and the leader
+    reads every target's report every pass. The record is immutable; a failure is
+    not kept."""
+    items = json.loads(text)
+    return next((SkillStatusRecord(**i) for i in items if i.get("name") == skill), None)
 
 
 def _baseline_since(conn: Connection, deployment_id: int) -> int | None:

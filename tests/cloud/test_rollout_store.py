@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from cloud.errors import NotFoundError, ValidationError
+from cloud.errors import NotFoundError, StoreError, ValidationError
 from cloud.rollout.plan import plan_from_dict
 from cloud.rollout.state import RolloutState
 from cloud.rollout_loop import RolloutLoop
@@ -316,3 +316,31 @@ def test_corrupt_rollout_rows_are_skipped_not_fatal(store: Store) -> None:
         conn.execute(text('UPDATE rollouts SET plan = \'{"strategy": "nope"}\''))
     assert RolloutLoop(store, clock=clock).pass_once() == 0
     assert admitted_devices(store, new.id) == {}
+
+
+def test_a_state_and_reports_read_again_are_parsed_once_and_corrupt_ones_always_refused(
+    store: Store,
+) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    step(RolloutLoop(store, clock=clock), clock)
+    rollout = store.rollouts_of([new.id])[new.id]
+    first = RolloutState.from_json(rollout.state)
+    assert RolloutState.from_json(rollout.state) is first  # immutable: kept by its text
+    assert first.to_json() == rollout.state
+    facts = store.rollout_facts(rollout)
+    assert len(facts.reports) == len(DEVICES)
+    assert len({id(status) for _, status in facts.reports.values()}) == 1  # one text, one parse
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE reported_states SET skills = :s WHERE device_id = 'cam-03'"),
+            {"s": '[{"name": "face", "bogus": 1}]'},
+        )
+    for _ in range(2):  # a failure is not kept: refused every time, naming the device
+        with pytest.raises(StoreError, match="cam-03"):
+            store.rollout_facts(rollout)
+        with pytest.raises(ValidationError, match="not a stored rollout state"):
+            RolloutState.from_json(rollout.state[:-1])
