@@ -168,7 +168,9 @@ def update_for(
     now = max((e.now_ms for e in controls if isinstance(e, Tick)), default=old.clock_ms)
     new, decisions = run(plan, joined, controls)
     steady = replace(new, clock_ms=old.clock_ms, targets_at_ms=old.targets_at_ms)
-    if not decisions and steady.to_json() == rollout.state:
+    # Equal states write the same text; comparing them first spares writing a
+    # 10,000-device state out on every pass that changed nothing.
+    if not decisions and (steady == old or steady.to_json() == rollout.state):
         return None
     dep = rollout.deployment
     head = f"deployment {dep.id} ({dep.skill} {dep.version} -> group {dep.group}): "
