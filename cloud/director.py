@@ -117,6 +117,12 @@ class HubDirector:
             StoreError: The store failed.
         """
         payload, digest = self._payload(desired)
+        return self._current(store, desired, payload, digest, now)
+
+    def _current(
+        self, store: Store, desired: DesiredRecord, payload: bytes, digest: str, now: int | None
+    ) -> InstructionRecord:
+        """:meth:`instruction` once the payload is made and checked."""
         for _ in range(_CAS_TRIES):
             now_at = now_ms() if now is None else now
             stored = store.instruction_for(desired.device_id)
@@ -147,12 +153,12 @@ class HubDirector:
         for desired in records:
             device = desired.device_id
             try:
-                _, digest = self._payload(desired)
+                payload, digest = self._payload(desired)
                 current = stored.get(device)
                 if current is not None and self._reusable(current, digest, now_at):
                     found[device] = current
                 else:
-                    found[device] = self.instruction(store, desired, now_at)
+                    found[device] = self._current(store, desired, payload, digest, now_at)
             except DirectorError as exc:
                 found[device] = exc
         return found

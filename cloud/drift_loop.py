@@ -195,8 +195,8 @@ class DriftLoop:
         records = [w for w in windows if w.skill in skills and w.window_end_ms >= since_ms]
         if not records:
             return {}
-        selector = next(g.selector for g in self._fleet.groups.list() if g.name == group)
-        members = self._fleet.devices.ids(selector)
+        # The selector alone: a group view would count the fleet's devices to say how many.
+        members = self._fleet.devices.ids(self._fleet.groups.selector(group))
         found: dict[DriftKey, list[DriftWindow]] = {}
         for record in records:
             if record.device_id not in members:

@@ -327,6 +327,15 @@ class GroupService:
         group = self._store.get_group(name, project=project)
         return self._view([group], group.project)[0]
 
+    def selector(self, name: str, *, project: str | None = None) -> str:
+        """A group's selector text, without counting its devices (one row read).
+
+        Raises:
+            NotFoundError: No such group (in ``project``).
+            StoreError: The store failed.
+        """
+        return self._store.get_group(name, project=project).selector
+
     def list(self, *, project: str | None = None) -> list[GroupView]:
         """Every group, by name, with how many devices it selects (a fixed number of queries).
 
