@@ -86,15 +86,16 @@ _ACK_PREFIX = f"a{os.urandom(6).hex()}-"
 _ack_numbers = itertools.count()
 
 
-def ack_envelope(device_id: str, msg_id: str) -> pb.Envelope:
-    """The hub's acknowledgement of one message."""
-    # Built in one constructor call (no copy of the body): one per message ingested.
+def ack_envelope(device_id: str, msg_id: str, *more: str) -> pb.Envelope:
+    """The hub's acknowledgement of ``msg_id`` (its correlation id) and of ``more``."""
+    # One constructor call, the body given as a mapping: upb builds it in place, where
+    # a pb.Ack made first is copied in. One per group commit and device ingested.
     return pb.Envelope(
         id=f"{_ACK_PREFIX}{next(_ack_numbers):x}",
         device_id=device_id,
         sent_at_ms=now_ms(),
         correlation_id=msg_id,
-        ack=pb.Ack(ids=[msg_id]),
+        ack={"ids": (msg_id, *more)},
     )
 
 

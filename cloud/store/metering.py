@@ -97,32 +97,56 @@ class UsageRecord:
     windows: int
 
 
-def _fold_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """Sum telemetry rows per (project, day, device, skill, version)."""
-    sums: dict[tuple[str, int, str, str, str], list[int]] = {}
-    for row in rows:
-        key = (
-            row.project or "default",
-            day_of(row.window_end_ms),
-            row.device_id,
-            row.skill,
-            row.version,
+def _fold_query(after: int, horizon: int, batch: int) -> Any:
+    """The next ``batch`` telemetry rows after ``after`` (up to ``horizon``), summed in SQL.
+
+    One row per (project, day, device, skill, version) with its inferences, its
+    window count and its highest telemetry id: the database adds up thousands of
+    windows where Python would walk each of them.
+    """
+    t = telemetry.c
+    taken = (
+        select(t.id, t.device_id, t.skill, t.version, t.inferences, t.window_end_ms)
+        .where(t.id > after, t.id <= horizon)
+        .order_by(t.id)
+        .limit(batch)
+        .subquery()
+    )
+    project = func.coalesce(devices.c.project, "default")
+    day = taken.c.window_end_ms // DAY_MS  # integer division: window ends are never negative
+    return (
+        select(
+            project.label("project"),
+            day.label("day"),
+            taken.c.device_id,
+            taken.c.skill,
+            taken.c.version,
+            func.sum(taken.c.inferences).label("inferences"),
+            func.count().label("windows"),
+            func.max(taken.c.id).label("last_id"),
         )
-        acc = sums.setdefault(key, [0, 0])
-        acc[0] += int(row.inferences)
-        acc[1] += 1
-    return [
-        {
-            "project": k[0],
-            "day": k[1],
-            "device_id": k[2],
-            "skill": k[3],
-            "version": k[4],
-            "inferences": v[0],
-            "windows": v[1],
-        }
-        for k, v in sorted(sums.items())
-    ]
+        .select_from(taken.outerjoin(devices, devices.c.device_id == taken.c.device_id))
+        .group_by(project, day, taken.c.device_id, taken.c.skill, taken.c.version)
+    )
+
+
+def _fold_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """The summed rows of :func:`_fold_query` as ``usage_daily`` rows, in key order."""
+    return sorted(
+        (
+            {
+                "project": row.project,
+                "day": int(row.day),
+                "device_id": row.device_id,
+                "skill": row.skill,
+                "version": row.version,
+                "inferences": int(row.inferences),
+                "windows": int(row.windows),
+            }
+            for row in rows
+        ),
+        key=lambda r: (r["project"], r["day"], r["device_id"], r["skill"], r["version"]),
+    )
 
 
 def _rollups(daily: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -215,28 +239,12 @@ class MeteringTables(StoreBase):
         with self._tx(write=True) as conn:
             self._ensure_cursor(conn)
             after = self._position(conn, lock=True)
-            t = telemetry.c
-            query = (
-                select(
-                    t.id,
-                    t.device_id,
-                    t.skill,
-                    t.version,
-                    t.inferences,
-                    t.window_end_ms,
-                    devices.c.project,
-                )
-                .select_from(telemetry.outerjoin(devices, devices.c.device_id == t.device_id))
-                .where(t.id > after, t.id <= horizon)
-                .order_by(t.id)
-                .limit(batch)
-            )
-            rows = conn.execute(query).all()
+            rows = conn.execute(_fold_query(after, horizon, batch)).all()
             if not rows:
                 return 0
             self._add_usage(conn, _fold_rows(rows))
-            _advance(conn, after, int(rows[-1].id))
-        return len(rows)
+            _advance(conn, after, max(int(row.last_id) for row in rows))
+        return sum(int(row.windows) for row in rows)
 
     def _ensure_cursor(self, conn: Connection) -> None:
         stmt = self._dialect.insert(metering_cursor).values(id=_CURSOR_ID, telemetry_id=0)

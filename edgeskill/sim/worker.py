@@ -105,6 +105,9 @@ class _Worker:
     enrol_s: list[float] = field(default_factory=list)
     #: The inputs, read once and shared by every agent of the worker.
     source: ReplaySource | None = None
+    #: Objects moved out of the collector's sight once the fleet was up (0: not yet).
+    #: Counted once: ``gc.get_freeze_count`` walks them all, a million and more.
+    frozen: int = 0
 
     def status(self, *, final: bool = False) -> dict[str, Any]:
         snapshot = self.stats.snapshot(latencies=final)
@@ -119,7 +122,7 @@ class _Worker:
             "disconnects": self.faults.disconnects,
             "enrol_s": sorted(self.enrol_s) if final else [],
             "cpu_s": time.process_time(),  # every thread of this worker: its agents' cost
-            "gc_frozen": gc.get_freeze_count(),
+            "gc_frozen": self.frozen,
             "final": final,
             **snapshot,
         }
@@ -263,7 +266,7 @@ async def _report(worker: _Worker, stop: asyncio.Event) -> None:
     while not stop.is_set():
         if not frozen and _all_connected(worker):
             frozen = True
-            _freeze_heap()
+            worker.frozen = _freeze_heap()
         await asyncio.to_thread(worker.write_status)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STATUS_INTERVAL_S):
