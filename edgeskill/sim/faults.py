@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from edge_agent.agent import TransportFactory
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport
+from edge_agent.transport.base import FetchBusy
 from protos import pb
 
 __all__ = ["FaultCounters", "FaultyTransport", "faulty_factory"]
@@ -33,6 +34,10 @@ class FaultCounters:
     disconnects: int = 0
     sessions: int = 0
     connected: int = 0
+    #: Fetch requests sent (each resume and each ask after "busy" is one more).
+    fetches: int = 0
+    #: Of those, the ones the hub answered "busy" (its fetch queue was full or too slow).
+    fetch_busy: int = 0
 
 
 class FaultyTransport(AgentTransport):
@@ -123,9 +128,14 @@ class FaultyTransport(AgentTransport):
             raise TransportError("simulated disconnect")
 
     async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
-        async for chunk in self.inner._fetch(path, offset, max_bytes):
-            await self._lag()
-            yield chunk
+        self._counters.fetches += 1
+        try:
+            async for chunk in self.inner._fetch(path, offset, max_bytes):
+                await self._lag()
+                yield chunk
+        except FetchBusy:
+            self._counters.fetch_busy += 1
+            raise
 
     async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
         """The real transport's, behind the slow link both ways.

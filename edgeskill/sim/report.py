@@ -185,6 +185,9 @@ class RunSummary:
     agents_cpu_s: float | None = None
     #: Objects the workers froze out of garbage collection once their fleet was up.
     agents_heap_frozen: int = 0
+    #: Fetch requests the agents sent, and how many of them the hub answered "busy".
+    fetches: int = 0
+    fetch_busy: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain data."""
@@ -233,7 +236,8 @@ def summary_table(s: RunSummary) -> Table:
         f"{s.started}/{s.devices} devices over {s.transport}, {s.hubs} hub(s), "
         f"{s.procs} process(es), {security}; connected in {_num(s.connect_s, '.1f', ' s')}; "
         f"hub CPU {_num(s.hub_cpu_s, '.1f', ' s')}, peak {_num(s.hub_peak_rss_mb, '.0f', ' MiB')}; "
-        f"agents' CPU {_num(s.agents_cpu_s, '.1f', ' s')}"
+        f"agents' CPU {_num(s.agents_cpu_s, '.1f', ' s')}; "
+        f"fetches {s.fetches} ({s.fetch_busy} answered busy)"
     )
     table = Table(
         "version",

@@ -276,6 +276,8 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
     summary.hub_peak_rss_mb = max(u.peak_rss_mb for u in used) if used else None
     summary.agents_cpu_s = sum(float(s.get("cpu_s", 0.0)) for s in final) or None
     summary.agents_heap_frozen = sum(int(s.get("gc_frozen", 0)) for s in final)
+    summary.fetches = sum(int(s.get("fetches", 0)) for s in final)
+    summary.fetch_busy = sum(int(s.get("fetch_busy", 0)) for s in final)
     console.print(summary_table(summary))
     for line in outcome_lines(summary):
         console.print(line, soft_wrap=True, highlight=False, markup=False)

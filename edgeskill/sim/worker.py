@@ -120,6 +120,8 @@ class _Worker:
             "connected": self.faults.connected,
             "sessions": self.faults.sessions,
             "disconnects": self.faults.disconnects,
+            "fetches": self.faults.fetches,
+            "fetch_busy": self.faults.fetch_busy,
             "enrol_s": sorted(self.enrol_s) if final else [],
             "cpu_s": time.process_time(),  # every thread of this worker: its agents' cost
             "gc_frozen": self.frozen,

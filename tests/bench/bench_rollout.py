@@ -99,6 +99,9 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
         "hub_cpu_s": _round(summary["hub_cpu_s"]),
         "hub_peak_rss_mb": _round(summary["hub_peak_rss_mb"]),
         "agents_cpu_s": _round(summary["agents_cpu_s"]),
+        # Over the whole run (both deployments): requests sent, and those told "busy".
+        "fetches": summary.get("fetches", 0),
+        "fetch_busy": summary.get("fetch_busy", 0),
         "upgrade_hub_cpu_s": _round(upgrade["hub_cpu_s"]),
         "upgrade_agents_cpu_s": _round(upgrade["agents_cpu_s"]),
         # The hub's own work for the upgrade spread over the two cores of the goal's hub:

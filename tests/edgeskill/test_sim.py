@@ -105,6 +105,8 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
     assert summary["agents_cpu_s"] > 0
     # Once the fleet was up, the workers froze their long-lived objects out of the GC.
     assert summary["agents_heap_frozen"] > 0
+    # Every device fetched (TUF metadata and two bundles); busy answers are counted apart.
+    assert summary["fetches"] >= 60 * 2 and 0 <= summary["fetch_busy"] < summary["fetches"]
     # Each deployment's share of the CPU, measured from its start to its settling.
     for version in ("1.0.0", "2.0.0"):
         assert 0 < rows[version]["hub_cpu_s"] < summary["hub_cpu_s"]
@@ -369,6 +371,18 @@ def test_version_values_are_parsed_and_bad_ones_named() -> None:
             parse_version_values([bad], "--accuracy", low=0, high=1)
     with pytest.raises(SimSettingsError, match="twice"):
         parse_version_values(["2.0.0=0.1", "2.0.0=0.2"], "--accuracy", low=0, high=1)
+
+
+def test_faulty_transport_counts_fetch_requests_and_the_hub_s_busy_answers() -> None:
+    async def main() -> tuple[FaultCounters, bytes]:
+        counters = FaultCounters()
+        link = FaultyTransport(ScriptedTransport(b"y" * 10, busy=2), counters, random.Random(0))
+        return counters, await link.fetch("bundle", 100)
+
+    counters, data = asyncio.run(main())
+    assert data == b"y" * 10
+    # Two requests told "busy", then the one served: three sent in all.
+    assert (counters.fetches, counters.fetch_busy) == (3, 2)
 
 
 def test_faulty_transport_cuts_the_session_at_its_drawn_rate_and_delays_messages() -> None:
