@@ -57,6 +57,7 @@ TOML layout (only ``[skill]`` and its first three keys are required)::
 
 from __future__ import annotations
 
+import functools
 import keyword
 import re
 import tomllib
@@ -296,6 +297,23 @@ def _check_variants(models: object) -> tuple[ModelVariant, ...]:
     return tuple(models)
 
 
+@functools.lru_cache(maxsize=16)  # texts of at most MAX_MANIFEST_BYTES: 1 MiB in all
+def _parsed(text: str) -> Manifest:
+    """The manifest of ``text``, kept for the last texts parsed.
+
+    An agent reads the same manifest when it unpacks a version, checks its tree
+    and launches it; tomllib is pure Python and the validation walks every field,
+    which made the parses a sixth of an upgrade's CPU. A manifest is immutable all
+    the way down (tuples and read-only mappings), so one parse can be shared; a
+    text that fails raises again each time (errors are not cached).
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"skill.toml is not valid TOML: {exc}") from exc
+    return _manifest_from_doc(doc)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A validated ``skill.toml``.
@@ -400,11 +418,7 @@ class Manifest:
             raise ManifestError("skill.toml must be given as text")
         if len(text.encode("utf-8", "surrogatepass")) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"skill.toml is larger than {MAX_MANIFEST_BYTES} bytes")
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ManifestError(f"skill.toml is not valid TOML: {exc}") from exc
-        return _manifest_from_doc(doc)
+        return _parsed(text)
 
     def to_toml(self) -> str:
         """Render the manifest in the layout described in this module's docstring.

@@ -374,3 +374,19 @@ def test_too_many_splits_are_refused() -> None:
         Manifest(name="a", version="0.1.0", entrypoint="m:C", splits=specs)
     with pytest.raises(ManifestError, match="JointSpec"):
         Manifest(name="a", version="0.1.0", entrypoint="m:C", joints=("x",))  # type: ignore[arg-type]
+
+
+def test_a_text_is_parsed_once_and_a_bad_one_refused_every_time() -> None:
+    text = full_manifest().to_toml()
+    first = Manifest.from_toml(text)
+    # Shared: a manifest is immutable all the way down, so a second parse hands it back.
+    assert Manifest.from_toml(text) is first
+    assert first == full_manifest()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        first.config["threshold"] = "0.9"  # type: ignore[index]
+    bad = text.replace('version = "1.2.0-rc.1"', 'version = ""')
+    for _ in range(2):  # a failure is never kept in place of a parse
+        with pytest.raises(ManifestError, match="version"):
+            Manifest.from_toml(bad)
