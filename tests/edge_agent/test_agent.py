@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ class RecordingTransport(AgentTransport):
     def __init__(self, outbox_db: Path) -> None:
         self.outbox_db = outbox_db
         self.sent: list[pb.Envelope] = []
+        #: Each envelope sent, with when (monotonic seconds).
+        self.sent_times: list[tuple[float, pb.Envelope]] = []
         self.sent_uncommitted: list[str] = []
         self.inbox: asyncio.Queue[pb.Envelope] = asyncio.Queue()
 
@@ -94,6 +97,7 @@ class RecordingTransport(AgentTransport):
         if kind_of(env) != "heartbeat" and env.id not in _committed_ids(self.outbox_db):
             self.sent_uncommitted.append(env.id)
         self.sent.append(env)
+        self.sent_times.append((time.monotonic(), env))
 
     async def receive(self) -> pb.Envelope:
         return await self.inbox.get()
@@ -408,6 +412,48 @@ def test_a_quiet_agent_skips_its_outbox_read_and_still_resends_what_was_not_acke
         await running
 
     asyncio.run(main())
+
+
+def test_an_entry_awaiting_its_ack_wakes_the_flush_loop_only_when_it_is_overdue(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, ack_timeout_s=4.0)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    agent = _agent(config, transport, FakeLauncher())
+    passes: list[float] = []
+    flush = agent._flush
+
+    async def counted(link: Any) -> None:
+        passes.append(time.monotonic())
+        await flush(link)
+
+    agent._flush = counted  # type: ignore[method-assign]
+
+    def sent_at(msg_id: str) -> list[float]:
+        return [t for t, e in transport.sent_times if e.id == msg_id]
+
+    async def main() -> tuple[list[float], list[float]]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await async_wait_until(lambda: len(transport.sent) > 0, 10, "the first report")
+        for _ in range(20):  # the session's reports, acked until none is left
+            ids = sorted({e.id for e in transport.sent if kind_of(e) != "heartbeat"})
+            await transport.inbox.put(make_envelope("hub", ack=pb.Ack(ids=ids)))
+            with contextlib.suppress(TimeoutError):
+                await async_wait_until(lambda: not agent._in_flight, 1, "the acks")
+                break
+        env = make_envelope("cam-1", telemetry=pb.Telemetry(skill="s", version="1"))
+        await agent.enqueue(env)
+        await async_wait_until(lambda: len(sent_at(env.id)) == 2, 10, "the resend")
+        stop.set()
+        await running
+        return sent_at(env.id), passes
+
+    (first, again), passes = asyncio.run(main())
+    assert again - first >= 4.0  # resent once overdue, not before
+    # Between the send and the resend the loop slept: its one pass there is the one
+    # that resent (two if the timer woke it a hair early), not one every second.
+    assert 1 <= sum(first < t < again for t in passes) <= 2
 
 
 class _Answers:
