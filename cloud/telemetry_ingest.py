@@ -55,7 +55,7 @@ MAX_ACK_IDS = 256
 
 def ack_envelopes(device: str, ids: list[str]) -> list[pb.Envelope]:
     """The acks of ``ids`` (each id once, in order), at most ``MAX_ACK_IDS`` ids in each."""
-    unique = ids if len(ids) == 1 else list(dict.fromkeys(ids))
+    unique = list(dict.fromkeys(ids))
     return [
         ack_envelope(device, *unique[start : start + MAX_ACK_IDS])
         for start in range(0, len(unique), MAX_ACK_IDS)

@@ -303,7 +303,7 @@ def _parsed(text: str) -> Manifest:
 
     An agent reads the same manifest when it unpacks a version, checks its tree
     and launches it; tomllib is pure Python and the validation walks every field,
-    which made the parses a sixth of an upgrade's CPU. A manifest is immutable all
+    about 160 us a parse of a 1 KB manifest. A manifest is immutable all
     the way down (tuples and read-only mappings), so one parse can be shared; a
     text that fails raises again each time (errors are not cached).
     """

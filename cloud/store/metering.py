@@ -100,9 +100,9 @@ class UsageRecord:
 def _fold_query(after: int, horizon: int, batch: int) -> Any:
     """The next ``batch`` telemetry rows after ``after`` (up to ``horizon``), summed in SQL.
 
-    One row per (project, day, device, skill, version) with its inferences, its
-    window count and its highest telemetry id: the database adds up thousands of
-    windows where Python would walk each of them.
+    One row per (project, day, device, skill, version), in that order, with its
+    inferences, its window count and its highest telemetry id: the database adds
+    up thousands of windows where Python would walk each of them.
     """
     t = telemetry.c
     taken = (
@@ -114,6 +114,7 @@ def _fold_query(after: int, horizon: int, batch: int) -> Any:
     )
     project = func.coalesce(devices.c.project, "default")
     day = taken.c.window_end_ms // DAY_MS  # integer division: window ends are never negative
+    keys = (project, day, taken.c.device_id, taken.c.skill, taken.c.version)
     return (
         select(
             project.label("project"),
@@ -126,27 +127,25 @@ def _fold_query(after: int, horizon: int, batch: int) -> Any:
             func.max(taken.c.id).label("last_id"),
         )
         .select_from(taken.outerjoin(devices, devices.c.device_id == taken.c.device_id))
-        .group_by(project, day, taken.c.device_id, taken.c.skill, taken.c.version)
+        .group_by(*keys)
+        .order_by(*keys)
     )
 
 
 def _fold_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """The summed rows of :func:`_fold_query` as ``usage_daily`` rows, in key order."""
-    return sorted(
-        (
-            {
-                "project": row.project,
-                "day": int(row.day),
-                "device_id": row.device_id,
-                "skill": row.skill,
-                "version": row.version,
-                "inferences": int(row.inferences),
-                "windows": int(row.windows),
-            }
-            for row in rows
-        ),
-        key=lambda r: (r["project"], r["day"], r["device_id"], r["skill"], r["version"]),
-    )
+    """The summed rows of :func:`_fold_query` (in key order) as ``usage_daily`` rows."""
+    return [
+        {
+            "project": row.project,
+            "day": int(row.day),
+            "device_id": row.device_id,
+            "skill": row.skill,
+            "version": row.version,
+            "inferences": int(row.inferences),
+            "windows": int(row.windows),
+        }
+        for row in rows
+    ]
 
 
 def _rollups(daily: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -264,10 +264,8 @@ def _freeze_heap() -> int:
 
 
 async def _report(worker: _Worker, stop: asyncio.Event) -> None:
-    frozen = False
     while not stop.is_set():
-        if not frozen and _all_connected(worker):
-            frozen = True
+        if not worker.frozen and _all_connected(worker):
             worker.frozen = _freeze_heap()
         await asyncio.to_thread(worker.write_status)
         with contextlib.suppress(TimeoutError):
