@@ -135,14 +135,38 @@ def _finite(value: float, what: str) -> float:
     return float(value)
 
 
+_TELEMETRY_COUNTERS = (
+    "inferences",
+    "labelled",
+    "correct",
+    "errors",
+    "dropped_messages",
+    "window_start_ms",
+    "window_end_ms",
+    "received_ms",
+)
+_INT_ONLY = {int}
+
+
 def telemetry(record: TelemetryRecord) -> None:
     """Raises: ValidationError: a malformed or inconsistent telemetry window."""
     name(record.skill, "skill name")
     version(record.version)
-    for field_name in ("inferences", "labelled", "correct", "errors", "dropped_messages"):
-        counter(getattr(record, field_name), field_name)
-    for field_name in ("window_start_ms", "window_end_ms", "received_ms"):
-        counter(getattr(record, field_name), field_name)
+    # All eight counters at once, the usual case; field by field only to say which is bad.
+    # (Run for every window a hub stores: the loop over the fields cost a microsecond more.)
+    counters = (
+        record.inferences,
+        record.labelled,
+        record.correct,
+        record.errors,
+        record.dropped_messages,
+        record.window_start_ms,
+        record.window_end_ms,
+        record.received_ms,
+    )
+    if set(map(type, counters)) != _INT_ONLY or min(counters) < 0 or max(counters) > MAX_COUNTER:
+        for field_name in _TELEMETRY_COUNTERS:
+            counter(getattr(record, field_name), field_name)
     if record.correct > record.labelled or record.labelled > record.inferences:
         raise ValidationError("telemetry needs correct <= labelled <= inferences")
     if record.errors > record.inferences:

@@ -148,6 +148,20 @@ def test_a_failed_fold_counts_nothing_twice(
     assert metering.fold(batch=3) == 0
 
 
+def test_a_fold_of_more_keys_than_one_statement_holds_adds_to_stored_rows(
+    store: Store, metering: MeteringService
+) -> None:
+    keys = store_metering._ROWS_PER_UPSERT + 30
+    for day in (0, 0, 1):  # the second pass adds to the rows the first one made
+        add(store, "cam-1", *[("face", f"{v}.0", v + 1, DAY0 + day * DAY_MS) for v in range(keys)])
+        assert metering.fold(batch=10_000) == keys
+    report = metering.usage("default", DAY0, DAY0 + 2 * DAY_MS, by=("version",))
+    assert totals(report) == {("default", "", "", f"{v}.0"): (3 * (v + 1), 3) for v in range(keys)}
+    first_day = metering.usage("default", DAY0, DAY0 + DAY_MS)
+    assert first_day.total_windows == 2 * keys
+    assert first_day.total_inferences == 2 * sum(range(1, keys + 1))
+
+
 @settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

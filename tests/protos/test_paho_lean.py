@@ -351,3 +351,94 @@ def test_a_puback_is_heard_as_paho_hears_it(packet: bytes) -> None:
     heard = _puback(LeanClient, packet)
     assert heard == _puback(mqtt.Client, packet)
     assert len(heard) == (0 if packet == b"\xff\xfe" else 1)
+
+
+class ReadSocket:
+    """Hands out a byte stream at most ``per_recv`` bytes a ``recv``; counts the calls."""
+
+    def __init__(self, stream: bytes, per_recv: int) -> None:
+        self.stream = stream
+        self.per_recv = per_recv
+        self.calls = 0
+
+    def recv(self, bufsize: int) -> bytes:
+        self.calls += 1
+        if not self.stream:
+            raise BlockingIOError
+        taken = self.stream[: min(bufsize, self.per_recv)]
+        self.stream = self.stream[len(taken) :]
+        return taken
+
+    def close(self) -> None:
+        pass
+
+
+def _stream() -> bytes:
+    """Packets of every sort a client reads, the lengths from one to three bytes long."""
+    packets = []
+    for qos, extra in [(0, {}), (1, {}), (1, {"payload": bytes(300)}), (2, {})]:
+        header, body = _wire(mqtt.MQTTv5, qos, **extra)
+        packets.append((header, body))
+    props = _properties(ResponseTopic="es/r", CorrelationData=b"c", UserProperty=[("k", "v")])
+    packets.append(_wire(mqtt.MQTTv5, 1, props=props, payload=bytes(range(256)) * 70))
+    packets += [(0x40, b"\x00\x07"), (0xD0, b""), (0x40, b"\x00\x08\x10")]
+    out = bytearray()
+    for header, body in packets * 3:
+        out.append(header)
+        LeanClient._pack_remaining_length(None, out, len(body))  # type: ignore[arg-type]
+        out += body
+    return bytes(out)
+
+
+def _read_all(cls: type[mqtt.Client], stream: bytes, per_recv: int) -> dict[str, Any]:
+    """Read ``stream`` as the event loop would: packets until the socket has nothing."""
+    client = _client(cls, mqtt.MQTTv5)
+    client._sock.close()  # type: ignore[union-attr]
+    sock = client._sock = ReadSocket(stream, per_recv)  # type: ignore[assignment]
+    got: list[mqtt.MQTTMessage] = []
+    client.on_message = lambda _c, _u, msg: got.append(msg)
+    codes = []
+    for _ in range(1_000_000):
+        rc = client._packet_read()
+        codes.append(rc)
+        if rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_AGAIN):
+            break  # an error ends the connection
+        if rc == mqtt.MQTT_ERR_AGAIN and not sock.stream:
+            break  # the socket has nothing more
+    client._sock = None
+    return {
+        "codes": [c for c in codes if c != mqtt.MQTT_ERR_AGAIN],
+        "messages": [_fields(m) for m in got],
+        "sent": [bytes(p["packet"]) for p in client._out_packet],
+        "held": sorted(client._in_messages),
+        "left": sock.stream,
+        "recvs": sock.calls,
+    }
+
+
+@pytest.mark.parametrize("per_recv", [1, 5, 1000, 10_000_000])
+def test_a_byte_stream_is_read_as_paho_reads_it(per_recv: int) -> None:
+    stream = _stream()
+    paho = _read_all(mqtt.Client, stream, per_recv)
+    lean = _read_all(LeanClient, stream, per_recv)
+    assert not paho["left"] and not lean["left"]
+    for key in ("codes", "messages", "sent", "held"):
+        assert lean[key] == paho[key], key
+    assert len(lean["messages"]) == 5 * 3 - 3  # the QoS 2 ones wait for their PUBREL
+    if per_recv == 10_000_000:  # whole packets cut out of one read, not read byte by byte
+        assert lean["recvs"] * 10 < paho["recvs"]
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        pytest.param(b"\x30\xff\xff\xff\xff\x01", id="five-length-bytes"),
+        pytest.param(b"\x30\x03\x00\x09a", id="topic-past-the-end"),
+        pytest.param(b"\xf0\x00", id="unknown-type"),
+    ],
+)
+def test_a_malformed_packet_ends_the_read_as_paho_ends_it(stream: bytes) -> None:
+    paho = _read_all(mqtt.Client, stream, 10_000_000)
+    lean = _read_all(LeanClient, stream, 10_000_000)
+    assert lean["codes"] == paho["codes"] and lean["codes"][-1] == mqtt.MQTT_ERR_PROTOCOL
+    assert lean["messages"] == paho["messages"] == []
