@@ -80,6 +80,25 @@ def _received(mid: int, topic: bytes) -> _Received:
     return msg
 
 
+class _Sent(mqtt.MQTTMessage):
+    """An outgoing QoS 1 message nobody waits on: no :class:`~paho.mqtt.client.MQTTMessageInfo`.
+
+    paho touches a sent message's info only to mark it published when its PUBACK
+    comes; :meth:`LeanClient.publish_at_least_once` returns the id and the code
+    instead, so that stand-in does nothing.
+    """
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def info(self) -> mqtt.MQTTMessageInfo:
+        return _UNWATCHED  # type: ignore[return-value]
+
+    @info.setter
+    def info(self, value: mqtt.MQTTMessageInfo) -> None:
+        raise AttributeError("a message sent by publish_at_least_once has no info")
+
+
 _NO_PROPERTIES = Properties(PacketTypes.PUBLISH)
 
 
@@ -172,6 +191,9 @@ class _Unwatched:
         pass
 
 
+_UNWATCHED = _Unwatched()
+
+
 class LeanClient(mqtt.Client):
     """A paho client with the costs of its message path taken out.
 
@@ -186,8 +208,9 @@ class LeanClient(mqtt.Client):
       rebuilds its lookup tables for every message, and gives each message a
       thread condition for publishers to wait on; this client builds the same
       message with the tables shared and the condition made only if asked for.
-    * :meth:`publish_at_most_once` sends a QoS 0 message without the
-      :class:`~paho.mqtt.client.MQTTMessageInfo` nobody waits on.
+    * :meth:`publish_at_most_once` and :meth:`publish_at_least_once` send QoS 0
+      and QoS 1 messages without the :class:`~paho.mqtt.client.MQTTMessageInfo`
+      nobody waits on.
     * paho writes each queued packet with a ``send`` of its own (a hub queues a
       PUBACK and an ack per message); this client joins the queued packets that
       need nothing done once written into one ``send``.
@@ -253,7 +276,64 @@ class LeanClient(mqtt.Client):
                 topic_bytes,
                 len(payload),
             )
-        return self._packet_queue(_PUBLISH, packet, mid, 0, _Unwatched())  # type: ignore[arg-type]
+        return self._packet_queue(_PUBLISH, packet, mid, 0, _UNWATCHED)  # type: ignore[arg-type]
+
+    def publish_at_least_once(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        properties: Properties | None = None,
+    ) -> tuple[MQTTErrorCode, int]:
+        """Send ``payload`` at QoS 1 as ``publish(topic, payload, qos=1)`` does; its code and id.
+
+        The packet, the resends, the inflight queue and ``on_publish`` are paho's,
+        but no :class:`~paho.mqtt.client.MQTTMessageInfo` is made: its thread
+        condition was a tenth of a simulated agent's time, and the agents wait
+        for ``on_publish``, never on the info.
+
+        Raises:
+            ValueError: the topic holds a wildcard or is too long, or the payload is
+                too large.
+        """
+        topic_bytes = topic.encode()
+        self._raise_for_invalid_topic(topic_bytes)
+        if len(payload) > 268_435_455:
+            raise ValueError("Payload too large.")
+        mid = self._mid_generate()
+        message = _Sent.__new__(_Sent)
+        message.timestamp = mqtt.time_func()
+        message.state = MessageState.MQTT_MS_INVALID
+        message.mid = mid
+        message._topic = topic_bytes
+        message.payload = payload
+        message.qos = 1
+        message.retain = retain
+        message.dup = False
+        message.properties = properties
+        with self._out_message_mutex:
+            if (
+                0 < self._max_queued_messages <= len(self._out_messages)
+                or mid in self._out_messages
+            ):
+                return MQTTErrorCode.MQTT_ERR_QUEUE_SIZE, mid
+            self._out_messages[mid] = message
+            if self._max_inflight_messages and (
+                self._inflight_messages >= self._max_inflight_messages
+            ):
+                message.state = MessageState.MQTT_MS_QUEUED
+                return MQTTErrorCode.MQTT_ERR_SUCCESS, mid
+            self._inflight_messages += 1
+            message.state = MessageState.MQTT_MS_WAIT_FOR_PUBACK
+            unwatched: Any = _UNWATCHED
+            rc = self._send_publish(
+                mid, topic_bytes, payload, 1, retain, False, unwatched, properties
+            )
+            if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:  # sent again once connected
+                self._inflight_messages -= 1
+                message.state = MessageState.MQTT_MS_PUBLISH
+            return rc, mid
 
     def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
         """A plain MQTT 5 PUBACK without paho's decoding (a reason code and a fresh,

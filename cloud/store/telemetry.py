@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Row, func, select
@@ -19,6 +20,7 @@ from cloud.store.records import DeviceSkillSummary, TelemetryRecord
 from cloud.store.schema import telemetry
 
 __all__ = [
+    "TelemetryRow",
     "insert_telemetry",
     "prepare_row",
     "prepare_rows",
@@ -29,10 +31,18 @@ __all__ = [
 
 MAX_TELEMETRY_ROWS = 100_000
 #: ``json.dumps(..., sort_keys=True)`` without making an encoder per call (one per window).
-_metrics_json = json.JSONEncoder(sort_keys=True).encode
+_metrics_encoder = json.JSONEncoder(sort_keys=True).encode
 
 
-def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> dict[str, Any]:
+def _metrics_json(metrics: dict[str, float]) -> str:
+    return _metrics_encoder({k: float(v) for k, v in metrics.items()})
+
+
+#: A window as a table row: its values in the order of ``_COLUMNS``, the message id first.
+TelemetryRow = tuple[Any, ...]
+
+
+def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> TelemetryRow:
     """Validate one telemetry window of one device and turn it into a table row.
 
     Raises:
@@ -44,24 +54,24 @@ def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> dict[st
     check.telemetry(record)
     if record.device_id and record.device_id != device_id:
         raise ValidationError(f"telemetry of {record.device_id!r} sent for {device_id!r}")
-    return {
-        "msg_id": msg_id,
-        "device_id": device_id,
-        "skill": record.skill,
-        "version": record.version,
-        "inferences": record.inferences,
-        "labelled": record.labelled,
-        "correct": record.correct,
-        "latency_p50_ms": float(record.latency_p50_ms),
-        "latency_p99_ms": float(record.latency_p99_ms),
-        "latency_p95_ms": float(record.latency_p95_ms),
-        "errors": record.errors,
-        "window_start_ms": record.window_start_ms,
-        "window_end_ms": record.window_end_ms,
-        "dropped_messages": record.dropped_messages,
-        "metrics": _metrics_json({k: float(v) for k, v in record.metrics.items()}),
-        "received_ms": record.received_ms,
-    }
+    return (
+        msg_id,
+        device_id,
+        record.skill,
+        record.version,
+        record.inferences,
+        record.labelled,
+        record.correct,
+        float(record.latency_p50_ms),
+        float(record.latency_p99_ms),
+        float(record.latency_p95_ms),
+        record.errors,
+        record.window_start_ms,
+        record.window_end_ms,
+        record.dropped_messages,
+        _metrics_json(record.metrics) if record.metrics else "{}",
+        record.received_ms,
+    )
 
 
 def _check_batch_size(count: int) -> None:
@@ -71,7 +81,7 @@ def _check_batch_size(count: int) -> None:
 
 def prepare_rows(
     device_id: str, items: Sequence[tuple[str, TelemetryRecord]]
-) -> list[dict[str, Any]]:
+) -> list[TelemetryRow]:
     """Validate telemetry windows of one device and turn them into table rows.
 
     Raises:
@@ -85,7 +95,7 @@ def prepare_rows(
 
 def prepare_rows_many(
     items: Sequence[tuple[str, str, TelemetryRecord]],
-) -> list[dict[str, Any]]:
+) -> list[TelemetryRow]:
     """Validate ``(msg_id, device_id, record)`` items of any devices and turn them into rows.
 
     Raises:
@@ -117,7 +127,7 @@ _COLUMNS = (
 )
 
 
-def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]:
+def insert_telemetry(conn: Connection, rows: list[TelemetryRow]) -> list[bool]:
     """Insert rows, skipping message ids already stored or repeated in ``rows``.
 
     The statements are written out here and handed to the driver as they are:
@@ -135,9 +145,9 @@ def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]
         For each row, True when it is stored by this transaction, False for a
         duplicate.
     """
-    fresh: dict[str, dict[str, Any]] = {}
+    fresh: dict[str, TelemetryRow] = {}
     for row in rows:
-        fresh.setdefault(row["msg_id"], row)
+        fresh.setdefault(row[0], row)
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     if conn.dialect.name != "sqlite":
         return _insert_returning(conn, rows, fresh, mark)
@@ -154,9 +164,9 @@ def insert_telemetry(conn: Connection, rows: list[dict[str, Any]]) -> list[bool]
     values = [row for msg_id, row in fresh.items() if msg_id not in stored_before]
     for start in range(0, len(values), _ROWS_PER_STATEMENT):
         chunk = values[start : start + _ROWS_PER_STATEMENT]
-        params = tuple(row[c] for row in chunk for c in _COLUMNS)
+        params = tuple(chain.from_iterable(chunk))
         conn.exec_driver_sql(_insert_sql(len(chunk), mark, False), params)
-    return [fresh[row["msg_id"]] is row and row["msg_id"] not in stored_before for row in rows]
+    return [fresh[row[0]] is row and row[0] not in stored_before for row in rows]
 
 
 def _insert_sql(rows: int, mark: str, returning: bool) -> str:
@@ -171,15 +181,15 @@ def _insert_sql(rows: int, mark: str, returning: bool) -> str:
 
 
 def _insert_returning(
-    conn: Connection, rows: list[dict[str, Any]], fresh: dict[str, dict[str, Any]], mark: str
+    conn: Connection, rows: list[TelemetryRow], fresh: dict[str, TelemetryRow], mark: str
 ) -> list[bool]:
     stored: set[str] = set()
     values = list(fresh.values())
     for start in range(0, len(values), _ROWS_PER_STATEMENT):
         chunk = values[start : start + _ROWS_PER_STATEMENT]
-        params = tuple(row[c] for row in chunk for c in _COLUMNS)
+        params = tuple(chain.from_iterable(chunk))
         stored.update(conn.exec_driver_sql(_insert_sql(len(chunk), mark, True), params).scalars())
-    return [row["msg_id"] in stored and fresh[row["msg_id"]] is row for row in rows]
+    return [row[0] in stored and fresh[row[0]] is row for row in rows]
 
 
 def _to_record(row: Row[Any]) -> TelemetryRecord:

@@ -115,7 +115,7 @@ class MqttAgentTransport(AgentTransport):
         self._connect_timeout_s = connect_timeout_s
         self._send_timeout_s = send_timeout_s
         self._fetch_window = max(1, min(fetch_window, 64))
-        self._client: mqtt.Client | None = None
+        self._client: LeanClient | None = None
         self._incoming: asyncio.Queue[pb.Envelope | TransportError] = asyncio.Queue()
         self._waiters: dict[str, asyncio.Future[Any]] = {}
         self._fetches: dict[bytes, asyncio.Queue[tuple[str, bytes] | TransportError]] = {}
@@ -134,7 +134,7 @@ class MqttAgentTransport(AgentTransport):
 
     # -- paho, driven from the event loop ---------------------------------------------
 
-    def _make_client(self) -> mqtt.Client:
+    def _make_client(self) -> LeanClient:
         ep = self._ep
         client_id = ep.client_id or f"es-{self._device_id}-{ep.prefix_tag()}"
         client = LeanClient(
@@ -311,7 +311,7 @@ class MqttAgentTransport(AgentTransport):
                 self._publish_envelope(again)
             delay = min(cap, delay * 2)
 
-    def _check_open(self) -> mqtt.Client:
+    def _check_open(self) -> LeanClient:
         if self._client is None:
             raise TransportError("not connected to the broker")
         if self._lost is not None:
@@ -322,13 +322,13 @@ class MqttAgentTransport(AgentTransport):
         self, topic: str, payload: bytes, *, retain: bool = False, props: Properties | None = None
     ) -> int:
         client = self._check_open()
-        info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
-        if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            raise TransportError(f"publish on {topic} failed: {mqtt.error_string(info.rc)}")
-        self._unacked.add(info.mid)
+        rc, mid = client.publish_at_least_once(topic, payload, retain=retain, properties=props)
+        if rc != mqtt.MQTT_ERR_SUCCESS:
+            raise TransportError(f"publish on {topic} failed: {mqtt.error_string(rc)}")
+        self._unacked.add(mid)
         if len(self._unacked) >= _UNACKED_CAP:
             self._drained.clear()
-        return info.mid
+        return mid
 
     def _publish_envelope(self, env: pb.Envelope) -> None:
         try:

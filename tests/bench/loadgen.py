@@ -149,9 +149,9 @@ class MqttDevices:
             topic = raw_topic(self.ep.topics.prefix, device_id)
         else:
             topic = self.ep.topics.up(device_id, "telemetry")
-        info = self.clients[device_id].publish(topic, encode_envelope(env), qos=1)
+        _, mid = self.clients[device_id].publish_at_least_once(topic, encode_envelope(env))
         if self.raw:
-            self.mids[(device_id, info.mid)] = env.id
+            self.mids[(device_id, mid)] = env.id
 
     async def close(self) -> None:
         for client in self.clients.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import subprocess
 import sys
@@ -379,6 +380,18 @@ def test_many_reports_go_in_one_batch_in_order_and_late_or_unknown_ones_change_n
 
 
 # telemetry
+
+
+def test_every_field_of_a_window_comes_back_as_stored(store: Store) -> None:
+    sent = TelemetryRecord(
+        skill="plates", version="3.1.4", inferences=90, labelled=70, correct=60,
+        latency_p50_ms=1.5, latency_p99_ms=9.5, window_start_ms=1_000, window_end_ms=2_000,
+        dropped_messages=4, metrics={"drift": 0.5, "ap/50": 0.75}, received_ms=3_000,
+        latency_p95_ms=7.25, errors=3,
+    )  # fmt: skip
+    assert store.add_telemetry_many([("m-all", "cam-9", sent)]) == [True]
+    (stored,) = store.telemetry_for("cam-9")
+    assert stored == dataclasses.replace(sent, device_id="cam-9")
 
 
 def test_telemetry_is_idempotent_by_message_id(store: Store) -> None:

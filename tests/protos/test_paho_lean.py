@@ -442,3 +442,61 @@ def test_a_malformed_packet_ends_the_read_as_paho_ends_it(stream: bytes) -> None
     lean = _read_all(LeanClient, stream, 10_000_000)
     assert lean["codes"] == paho["codes"] and lean["codes"][-1] == mqtt.MQTT_ERR_PROTOCOL
     assert lean["messages"] == paho["messages"] == []
+
+
+def _at_least_once(cls: type[mqtt.Client]) -> list[Any]:
+    """What a client does with three QoS 1 publishes, two allowed in flight, as PUBACKs come."""
+    client = _client(cls, mqtt.MQTTv5)
+    client.max_inflight_messages_set(2)
+    client.max_queued_messages_set(3)
+    heard: list[tuple[int, int]] = []
+    client.on_publish = lambda _c, _u, mid, rc, _p: heard.append((mid, rc.value))
+    props = _properties(ContentType="application/x-protobuf")
+    sends = [(b"one", False, None), (b"two", True, props), (bytes(300), False, None)]
+    codes = []
+    for payload, retain, properties in [*sends, (b"over the queue", False, None)]:
+        if isinstance(client, LeanClient):
+            rc, mid = client.publish_at_least_once(
+                TOPIC, payload, retain=retain, properties=properties
+            )
+        else:
+            info = client.publish(TOPIC, payload, qos=1, retain=retain, properties=properties)
+            rc, mid = info.rc, info.mid
+        codes.append((rc, mid))
+
+    def state() -> list[Any]:
+        packets = [bytes(p["packet"]) for p in client._out_packet]
+        client._out_packet.clear()
+        messages = {
+            m: (o.state, o.qos, o.retain, o.payload) for m, o in client._out_messages.items()
+        }
+        return [packets, messages, client._inflight_messages, list(heard)]
+
+    transcript = [codes, state()]
+    for mid in (codes[0][1], codes[1][1]):  # the broker acks the first two: the third goes out
+        client._sock.close()  # type: ignore[union-attr]
+        client._sock = ReadSocket(bytes((0x40, 2)) + mid.to_bytes(2, "big"), 100)  # type: ignore[assignment]
+        assert client._packet_read() == mqtt.MQTT_ERR_SUCCESS
+        transcript.append(state())
+    client._sock = None
+    return transcript
+
+
+def test_publish_at_least_once_is_paho_s_qos_1_publish() -> None:
+    lean = _at_least_once(LeanClient)
+    assert lean == _at_least_once(mqtt.Client)
+    codes, first = lean[0], lean[1]
+    assert [rc for rc, _ in codes] == [mqtt.MQTT_ERR_SUCCESS] * 3 + [mqtt.MQTT_ERR_QUEUE_SIZE]
+    assert len(first[0]) == 2 and first[2] == 2  # two in flight, the third queued
+    assert len(lean[2][0]) == 1 and lean[3][3] == [(codes[0][1], 0), (codes[1][1], 0)]
+
+
+def test_publish_at_least_once_without_a_connection_is_kept_for_later() -> None:
+    lean = LeanClient(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    rc, mid = lean.publish_at_least_once(TOPIC, b"x")
+    assert rc == mqtt.MQTT_ERR_NO_CONN
+    assert lean._out_messages[mid].state == mqtt.mqtt_ms_publish and not lean._inflight_messages
+    with pytest.raises(ValueError, match="wildcards"):
+        lean.publish_at_least_once("es/#", b"x")
+    with pytest.raises(AttributeError, match="no info"):
+        lean._out_messages[mid].info = mqtt.MQTTMessageInfo(mid)
