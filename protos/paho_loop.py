@@ -242,6 +242,19 @@ class LeanClient(mqtt.Client):
             with self._in_callback_mutex:
                 on_message(self, self._userdata, message)
 
+    def _checked_publish(self, topic: str, payload: bytes) -> tuple[bytes, int]:
+        """The topic as bytes and a new message id, once both are checked as paho checks them.
+
+        Raises:
+            ValueError: the topic holds a wildcard or is too long, or the payload is
+                too large.
+        """
+        topic_bytes = topic.encode()
+        self._raise_for_invalid_topic(topic_bytes)
+        if len(payload) > 268_435_455:
+            raise ValueError("Payload too large.")
+        return topic_bytes, self._mid_generate()
+
     def publish_at_most_once(self, topic: str, payload: bytes) -> MQTTErrorCode:
         """Send ``payload`` at QoS 0, not retained, without properties; the return code.
 
@@ -253,11 +266,7 @@ class LeanClient(mqtt.Client):
             ValueError: the topic holds a wildcard or is too long, or the payload is
                 too large.
         """
-        topic_bytes = topic.encode()
-        self._raise_for_invalid_topic(topic_bytes)
-        if len(payload) > 268_435_455:
-            raise ValueError("Payload too large.")
-        mid = self._mid_generate()
+        topic_bytes, mid = self._checked_publish(topic, payload)
         if self._sock is None:
             return MQTTErrorCode.MQTT_ERR_NO_CONN
         v5 = self._protocol == MQTTProtocolVersion.MQTTv5
@@ -297,11 +306,7 @@ class LeanClient(mqtt.Client):
             ValueError: the topic holds a wildcard or is too long, or the payload is
                 too large.
         """
-        topic_bytes = topic.encode()
-        self._raise_for_invalid_topic(topic_bytes)
-        if len(payload) > 268_435_455:
-            raise ValueError("Payload too large.")
-        mid = self._mid_generate()
+        topic_bytes, mid = self._checked_publish(topic, payload)
         message = _Sent.__new__(_Sent)
         message.timestamp = mqtt.time_func()
         message.state = MessageState.MQTT_MS_INVALID
