@@ -15,7 +15,7 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import decode_skills, selector_clause
 from cloud.store.devices import device_record
-from cloud.store.events import NewEvent, insert_events, insert_timed_events, skill_transitions
+from cloud.store.events import NewEvent, insert_timed_events, skill_transitions
 from cloud.store.records import (
     DesiredRecord,
     DeviceStateRecord,
@@ -142,12 +142,10 @@ class StateTables(StoreBase):
             NotFoundError: The device never registered.
             StoreError: The database failed.
         """
-        encoded = _checked_report(device_id, generation, skills, now_ms)
+        item: ReportItem = (device_id, generation, skills, now_ms)
+        checked = [(item, _checked_report(*item))]
         with self._tx(write=True) as conn:
-            if (
-                _apply_report(self._dialect, conn, device_id, generation, skills, encoded, now_ms)
-                is None
-            ):
+            if _apply_reports(self._dialect, conn, checked) == [None]:
                 raise NotFoundError(f"no device {device_id!r}")
 
     def check_report(self, item: ReportItem) -> None:
@@ -170,7 +168,7 @@ class StateTables(StoreBase):
         """
         checked = [(item, _checked_report(*item)) for item in items]
         with self._tx(write=True) as conn:
-            return _apply_reports(self._dialect, conn, checked)
+            return [bool(done) for done in _apply_reports(self._dialect, conn, checked)]
 
     def reported_for(self, device_id: str) -> ReportedRecord | None:
         """Return a device's latest report, or None if it never reported.
@@ -314,12 +312,19 @@ def _checked_report(
 
 def _apply_reports(
     dialect: Any, conn: Connection, checked: Sequence[tuple[ReportItem, str]]
-) -> list[bool]:
+) -> list[bool | None]:
     """Store checked reports of many devices in ``conn``'s transaction, in a few statements.
 
-    The rule is :func:`_apply_report`'s, judged here on the rows read (and, on
-    PostgreSQL, locked in device order) at the start: the devices' rows stay locked
-    to the end, so no other writer changes a report in between.
+    A report replaces the stored one when it answers a newer desired generation,
+    or the same one and was made no earlier; one that arrived late changes
+    nothing. That is judged on the rows read (and, on PostgreSQL, locked in
+    device order) at the start: the devices' rows stay locked to the end, so no
+    other writer changes a report in between. Each skill transition a report
+    shows is logged once, with it.
+
+    Returns:
+        Per item: True when it replaced the stored report, False when it arrived
+        late, None when the device is not registered.
     """
     ids = sorted({item[0] for item, _ in checked})
     stored: dict[str, tuple[int, int, str] | None] = {}
@@ -336,12 +341,12 @@ def _apply_reports(
         for row in conn.execute(query):
             has = row.generation is not None
             stored[row.device_id] = (row.generation, row.reported_ms, row.skills) if has else None
-    results: list[bool] = []
+    results: list[bool | None] = []
     latest: dict[str, dict[str, Any]] = {}
     events: list[tuple[NewEvent, int]] = []
     for (device_id, generation, skills, made_ms), encoded in checked:
         if device_id not in stored:
-            results.append(False)  # not registered
+            results.append(None)  # not registered
             continue
         before = stored[device_id]
         if before is not None and (before[0], before[1]) > (generation, made_ms):
@@ -366,52 +371,3 @@ def _apply_reports(
         conn.execute(upsert, list(latest.values()))
     insert_timed_events(conn, events)
     return results
-
-
-def _apply_report(
-    dialect: Any,
-    conn: Connection,
-    device_id: str,
-    generation: int,
-    skills: Sequence[SkillStatusRecord],
-    encoded: str,
-    now_ms: int,
-) -> bool | None:
-    """Store one checked report in ``conn``'s transaction and log its skills' transitions.
-
-    Returns:
-        True when it replaced the stored report, False when it arrived late, None
-        when the device is not registered.
-    """
-    values = {"generation": generation, "skills": encoded, "reported_ms": now_ms}
-    stmt = (
-        dialect.insert(reported_states)
-        .values(device_id=device_id, **values)
-        .on_conflict_do_update(
-            index_elements=["device_id"],
-            set_=values,
-            where=(reported_states.c.generation < generation)
-            | (
-                (reported_states.c.generation == generation)
-                & (reported_states.c.reported_ms <= now_ms)
-            ),
-        )
-    )
-    # The previous report is read in the same transaction (the device's row locked
-    # on PostgreSQL), so each skill transition is logged once, with the report.
-    joined = devices.outerjoin(reported_states, reported_states.c.device_id == devices.c.device_id)
-    previous = (
-        select(devices.c.device_id, reported_states.c.skills)
-        .select_from(joined)
-        .where(devices.c.device_id == device_id)
-        .with_for_update(of=devices)
-    )
-    known = conn.execute(previous).first()
-    if known is None:
-        return None
-    if not conn.execute(stmt).rowcount:
-        return False
-    changes = skill_transitions(device_id, _previous(device_id, known.skills), skills)
-    if changes:
-        insert_events(conn, changes, at_ms=now_ms)
-    return True
