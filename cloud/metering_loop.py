@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 #: How often the leader folds new telemetry.
 METERING_TICK_S: Final = 5.0
 #: Telemetry rows one fold transaction takes at most. The database sums them, and the
-#: transaction writes a row per device, skill, version and day among them: a thousand
-#: devices sending for five seconds fold in one transaction of a thousand rows, where
-#: batches of 5,000 windows wrote that many rows eight times over.
+#: transaction writes a row per device, skill, version and day among them: the windows
+#: of a thousand devices sending for five seconds fold in one transaction of a
+#: thousand rows, where batches of 5,000 windows took eight, of a thousand rows each.
 _BATCH: Final = 50_000
 
 

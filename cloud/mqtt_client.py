@@ -234,6 +234,10 @@ class HubMqttClient:
         """
         if qos == 0 and not retain and props is None:  # the hub's acks: one per message
             rc = self._client.publish_at_most_once(topic, payload)
+        elif qos == 1:  # desired states and fetch replies: nobody waits on paho's info
+            rc, _ = self._client.publish_at_least_once(
+                topic, payload, retain=retain, properties=props
+            )
         else:
             rc = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props).rc
         return rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
