@@ -13,11 +13,22 @@ from sqlalchemy.exc import SQLAlchemyError
 from cloud.errors import StoreError
 from cloud.store.engine import IMMEDIATE
 
-__all__ = ["DESIRED_LOCK_KEY", "StoreBase"]
+__all__ = ["DESIRED_LOCK_KEY", "StoreBase", "values_clause"]
 
 # PostgreSQL advisory lock ordering desired-state writers. Registrations share
 # it (they touch one device each); deployment changes take it exclusively.
 DESIRED_LOCK_KEY = 0x4553444553  # "ESDES"
+
+
+def values_clause(conn: Connection, columns: int, rows: int) -> str:
+    """``VALUES`` placeholders for ``rows`` rows of ``columns`` values, in the driver's style.
+
+    For statements written out and handed to the driver (``exec_driver_sql``),
+    where the expression layer's cost per row is too much for a hot path.
+    """
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    one = "(" + ", ".join([mark] * columns) + ")"
+    return "VALUES " + ", ".join([one] * rows)
 
 
 class StoreBase:

@@ -48,7 +48,7 @@ from cloud.store.access_schema import (
     usage_daily_totals,
     usage_monthly,
 )
-from cloud.store.base import StoreBase
+from cloud.store.base import StoreBase, values_clause
 from cloud.store.schema import devices, telemetry
 from cloud.store.usage_period import Period, month_days, month_of, split_period
 
@@ -429,16 +429,14 @@ def _upsert_adding(conn: Connection, table: Table, rows: list[dict[str, Any]]) -
     """
     if not rows:
         return
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     columns = [c.name for c in table.columns]
     keys = ", ".join(c.name for c in table.primary_key.columns)
-    one = "(" + ", ".join([mark] * len(columns)) + ")"
     for start in range(0, len(rows), _ROWS_PER_UPSERT):
         chunk = rows[start : start + _ROWS_PER_UPSERT]
         # Only our own names and placeholders go into the text; every value is bound.
         sql = (
-            f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "  # noqa: S608
-            + ", ".join([one] * len(chunk))
+            f"INSERT INTO {table.name} ({', '.join(columns)}) "
+            + values_clause(conn, len(columns), len(chunk))
             + f" ON CONFLICT ({keys}) DO UPDATE SET"
             f" inferences = {table.name}.inferences + excluded.inferences,"
             f" windows = {table.name}.windows + excluded.windows"

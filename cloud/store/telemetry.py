@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, Connection, Row, func, select
 
 from cloud.errors import StoreError, ValidationError
 from cloud.store import checks as check
+from cloud.store.base import values_clause
 from cloud.store.records import DeviceSkillSummary, TelemetryRecord
 from cloud.store.schema import telemetry
 
@@ -35,7 +36,7 @@ _metrics_encoder = json.JSONEncoder(sort_keys=True).encode
 
 
 def _metrics_json(metrics: dict[str, float]) -> str:
-    return _metrics_encoder({k: float(v) for k, v in metrics.items()})
+    return _metrics_encoder({k: float(v) for k, v in metrics.items()}) if metrics else "{}"
 
 
 #: A window as a table row: its values in the order of ``_COLUMNS``, the message id first.
@@ -69,7 +70,7 @@ def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> Telemet
         record.window_start_ms,
         record.window_end_ms,
         record.dropped_messages,
-        _metrics_json(record.metrics) if record.metrics else "{}",
+        _metrics_json(record.metrics),
         record.received_ms,
     )
 
@@ -148,9 +149,9 @@ def insert_telemetry(conn: Connection, rows: list[TelemetryRow]) -> list[bool]:
     fresh: dict[str, TelemetryRow] = {}
     for row in rows:
         fresh.setdefault(row[0], row)
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     if conn.dialect.name != "sqlite":
-        return _insert_returning(conn, rows, fresh, mark)
+        return _insert_returning(conn, rows, fresh)
+    mark = "?"  # SQLite's placeholder, for the lookup's IN list
     ids = list(fresh)
     stored_before: set[str] = set()
     for start in range(0, len(ids), _ROWS_PER_STATEMENT):
@@ -165,30 +166,29 @@ def insert_telemetry(conn: Connection, rows: list[TelemetryRow]) -> list[bool]:
     for start in range(0, len(values), _ROWS_PER_STATEMENT):
         chunk = values[start : start + _ROWS_PER_STATEMENT]
         params = tuple(chain.from_iterable(chunk))
-        conn.exec_driver_sql(_insert_sql(len(chunk), mark, False), params)
+        conn.exec_driver_sql(_insert_sql(conn, len(chunk), False), params)
     return [fresh[row[0]] is row and row[0] not in stored_before for row in rows]
 
 
-def _insert_sql(rows: int, mark: str, returning: bool) -> str:
-    one = "(" + ", ".join([mark] * len(_COLUMNS)) + ")"
+def _insert_sql(conn: Connection, rows: int, returning: bool) -> str:
     # Only our own names and placeholders go into the text; every value is bound.
     return (
-        f"INSERT INTO {telemetry.name} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
-        + ", ".join([one] * rows)
+        f"INSERT INTO {telemetry.name} ({', '.join(_COLUMNS)}) "
+        + values_clause(conn, len(_COLUMNS), rows)
         + " ON CONFLICT (msg_id) DO NOTHING"
         + (" RETURNING msg_id" if returning else "")
     )
 
 
 def _insert_returning(
-    conn: Connection, rows: list[TelemetryRow], fresh: dict[str, TelemetryRow], mark: str
+    conn: Connection, rows: list[TelemetryRow], fresh: dict[str, TelemetryRow]
 ) -> list[bool]:
     stored: set[str] = set()
     values = list(fresh.values())
     for start in range(0, len(values), _ROWS_PER_STATEMENT):
         chunk = values[start : start + _ROWS_PER_STATEMENT]
         params = tuple(chain.from_iterable(chunk))
-        stored.update(conn.exec_driver_sql(_insert_sql(len(chunk), mark, True), params).scalars())
+        stored.update(conn.exec_driver_sql(_insert_sql(conn, len(chunk), True), params).scalars())
     return [row[0] in stored and fresh[row[0]] is row for row in rows]
 
 
