@@ -270,7 +270,9 @@ def _numbers(
 
     first_stage_after = at.get("canary", end_ms)
     shifted, _ = fleet_accuracy(w for w in windows if shift_ms <= w.end_ms < first_stage_after)
-    after_from = at.get("promotion", end_ms)
+    # From the bin that recovered on: the promotion's own rollout (cameras still on the old
+    # version for a second or two) is the transition, not the fleet after the loop closed.
+    after_from = at.get("promotion", end_ms) if recovered is None else recovered - BIN_MS
     after, _ = fleet_accuracy(w for w in windows if after_from <= w.end_ms)
     return {
         "alarm_s": seconds(at.get("alarm")),
