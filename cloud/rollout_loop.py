@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from operator import attrgetter
 
 from cloud.errors import NotFoundError, ValidationError
 from cloud.loops import LoopFactory, periodic
@@ -69,11 +70,18 @@ def plan_of(rollout: RolloutRecord) -> RolloutPlan:
         raise ValidationError(f"deployment {rollout.deployment.id}: stored plan: {exc}") from None
 
 
-def _outcome(device: str, at_ms: int, state: str, version: str, wanted: str) -> Event | None:
+#: A KPI window as the facts read it: ``(device, version, inferences, ..., at_ms)``.
+_kpi_fact = attrgetter(
+    "device_id", "version", "inferences", "labelled", "correct", "errors", "p95_ms", "at_ms"
+)
+
+
+def _outcome(at_ms: int, state: str, version: str, wanted: str) -> tuple[int, str, str] | None:
+    """A reported state as the rollout state keeps outcomes, ``(at_ms, version, outcome)``."""
     if state == "running" and version:
-        return DeviceOutcome(device, version, "running", at_ms)
+        return at_ms, version, "running"
     if state in ("failed", "rolled_back") and (wanted or version):
-        return DeviceOutcome(device, wanted or version, state, at_ms)
+        return at_ms, wanted or version, state
     return None
 
 
@@ -82,26 +90,30 @@ def engine_events(
 ) -> tuple[list[Event], list[Event]]:
     """The engine events for one pass: device facts, then controls ending with a tick.
 
-    Presence and KPI facts the state already holds are left out, so an
-    unchanged fleet gives an unchanged state.
+    Outcome, presence and KPI facts the state already holds are left out, so an
+    unchanged fleet gives an unchanged state, and a pass joins only what changed
+    (joining every target's outcome again was a tenth of a 3,000-device hub's CPU
+    during a rollout in waves).
     """
     facts_out: list[Event] = []
+    outcomes = state.outcomes
     for device, (at_ms, st) in facts.reports.items():
         if device in facts.targets:
-            event = _outcome(device, at_ms, st.state, st.version, st.desired_version)
-            if event is not None:
-                facts_out.append(event)
+            fact = _outcome(at_ms, st.state, st.version, st.desired_version)
+            if fact is not None and outcomes.get(device) != fact:
+                facts_out.append(DeviceOutcome(device, fact[1], fact[2], at_ms))
     for device, (seen_ms, heartbeat_ms, connected) in facts.targets.items():
         online = presence(seen_ms, heartbeat_ms, connected, now) == "online"
         known = state.presence.get(device)
         if known is None or known[1] != online:
             facts_out.append(DevicePresence(device, online, seen_ms))
-    for device, version, inferences, labelled, correct, errors, p95_ms, at_ms in facts.kpis:
+    for row in facts.kpis:
+        device, version, inferences, labelled, correct, errors, _, _ = row
         if not 0 <= correct <= labelled or inferences < 0 or not 0 <= errors <= inferences:
             continue  # a device's own nonsense never stops the pass
-        window = KpiWindow(device, version, inferences, labelled, correct, errors, p95_ms, at_ms)
-        if state.kpis.get((device, version)) != window:
-            facts_out.append(window)
+        held = state.kpis.get((device, version))
+        if held is None or _kpi_fact(held) != row:
+            facts_out.append(KpiWindow(*row))
     controls: list[Event] = [Command(kind, at) for kind, at in commands]
     if facts.fleet_stop[1] >= 0:
         controls.append(FleetStop(facts.fleet_stop[0], facts.fleet_stop[1]))

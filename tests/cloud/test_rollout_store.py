@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import text
 
 from cloud.errors import NotFoundError, StoreError, ValidationError
+from cloud.rollout.events import DeviceOutcome
 from cloud.rollout.plan import plan_from_dict
 from cloud.rollout.state import RolloutState
-from cloud.rollout_loop import RolloutLoop
-from cloud.store import SkillStatusRecord, Store, TelemetryRecord
+from cloud.rollout_loop import RolloutLoop, engine_events
+from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRecord
 from cloud.store.rollouts import RolloutUpdate
 
 CAMERA = {"kind": "camera"}
@@ -79,6 +80,18 @@ def messages(store: Store) -> list[str]:
 def step(loop: RolloutLoop, clock: Clock, ms: int = 1000) -> None:
     clock.now += ms
     loop.pass_once()
+
+
+def canary_opened(store: Store) -> tuple[Clock, DeploymentRecord, RolloutLoop]:
+    """The 20 cameras on 1.0.0, a canary deployment of 2.0.0, and the pass that opened it."""
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    loop = RolloutLoop(store, clock=clock)
+    step(loop, clock)
+    return clock, new, loop
 
 
 def test_a_staged_deployment_supersedes_nothing_until_its_rollout_completes(store: Store) -> None:
@@ -156,13 +169,7 @@ def test_a_failing_gate_rolls_the_canary_back_and_leaves_the_old_deployment(stor
 
 
 def test_pause_holds_the_waves_and_resume_lets_them_go_on(store: Store) -> None:
-    clock = Clock()
-    fleet_on_v1(store, clock)
-    new = store.create_deployment(
-        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
-    )
-    loop = RolloutLoop(store, clock=clock)
-    step(loop, clock)
+    clock, new, loop = canary_opened(store)
     canary = admitted_devices(store, new.id)
     store.add_rollout_command(new.id, "pause", now_ms=clock.now)
     for device in canary:
@@ -331,6 +338,7 @@ def test_a_state_and_reports_read_again_are_parsed_once_and_corrupt_ones_always_
     first = RolloutState.from_json(rollout.state)
     assert RolloutState.from_json(rollout.state) is first  # immutable: kept by its text
     assert first.to_json() == rollout.state
+    assert first == RolloutState._parse(rollout.state)  # the state the pass wrote, kept
     facts = store.rollout_facts(rollout)
     assert len(facts.reports) == len(DEVICES)
     assert len({id(status) for _, status in facts.reports.values()}) == 1  # one text, one parse
@@ -344,3 +352,54 @@ def test_a_state_and_reports_read_again_are_parsed_once_and_corrupt_ones_always_
             store.rollout_facts(rollout)
         with pytest.raises(ValidationError, match="not a stored rollout state"):
             RolloutState.from_json(rollout.state[:-1])
+
+
+def test_a_pass_joins_only_the_outcomes_the_state_does_not_hold(store: Store) -> None:
+    clock, new, loop = canary_opened(store)
+    canary = sorted(admitted_devices(store, new.id))
+    for device in canary:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    rollout = store.rollouts_of([new.id])[new.id]
+    state = RolloutState.from_json(rollout.state)
+    facts = store.rollout_facts(rollout)
+    first, _ = engine_events(state, facts, rollout.commands, clock.now)
+    # The first pass joined every target running 1.0.0; only the canary's news is new.
+    assert {(e.device_id, e.version) for e in first if isinstance(e, DeviceOutcome)} == {
+        (d, "2.0.0") for d in canary
+    }
+    step(loop, clock)  # joined and stored
+    rollout = store.rollouts_of([new.id])[new.id]
+    state = RolloutState.from_json(rollout.state)
+    again, _ = engine_events(state, store.rollout_facts(rollout), rollout.commands, clock.now)
+    assert not [e for e in again if isinstance(e, DeviceOutcome)]
+    report(store, canary[0], "1.0.0", "rolled_back", "2.0.0", clock.now + 1)  # news again
+    rollout = store.rollouts_of([new.id])[new.id]
+    news, _ = engine_events(state, store.rollout_facts(rollout), rollout.commands, clock.now)
+    assert [(e.device_id, e.version, e.outcome) for e in news if isinstance(e, DeviceOutcome)] == [
+        (canary[0], "2.0.0", "rolled_back")
+    ]
+
+
+def test_the_leader_reads_back_the_state_it_stored_without_parsing_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, new, loop = canary_opened(store)
+    parse = RolloutState._parse
+    parsed: list[str] = []
+
+    def counted(cls: type[RolloutState], text: str) -> RolloutState:
+        parsed.append(text)
+        return parse(text)
+
+    monkeypatch.setattr(RolloutState, "_parse", classmethod(counted))
+    for device in admitted_devices(store, new.id):
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    before = store.rollouts_of([new.id])[new.id].state
+    states = set()
+    for _ in range(3):  # the canary's outcomes joined and the rest opened, then quiet passes
+        step(loop, clock)
+        states.add(store.rollouts_of([new.id])[new.id].state)
+    assert len(states) == 1 and before not in states  # a new state stored...
+    assert parsed == []  # ...and neither it nor the one before parsed again
+    for stored in (before, *states):  # what was kept is what the text says
+        assert RolloutState.from_json(stored) == parse(stored)
