@@ -47,6 +47,7 @@ from cloud.rollout.gates import Verdict
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.rollout.state import Phase, RolloutState
 from cloud.store import Store
+from cloud.store.rollout_facts import KpiTally
 from cloud.store.rollouts import RolloutFacts, RolloutRecord, RolloutUpdate
 from protos.envelope import now_ms
 
@@ -212,6 +213,8 @@ class RolloutLoop:
         self._store = store
         self._clock = clock
         self._tick_s = tick_s
+        #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
+        self._tallies: dict[int, KpiTally] = {}
 
     def factory(self) -> LoopFactory:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
@@ -230,7 +233,10 @@ class RolloutLoop:
             StoreError: The database failed.
         """
         stored = 0
-        for rollout in self._store.driven_rollouts():
+        driven = self._store.driven_rollouts()
+        for gone in self._tallies.keys() - {r.deployment.id for r in driven}:
+            del self._tallies[gone]
+        for rollout in driven:
             try:
                 stored += self.advance(rollout)
             except ValidationError as exc:
@@ -246,7 +252,8 @@ class RolloutLoop:
         """
         plan = plan_of(rollout)
         try:
-            facts = self._store.rollout_facts(rollout)
+            tally = self._tallies.setdefault(rollout.deployment.id, KpiTally())
+            facts = self._store.rollout_facts(rollout, tally)
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
         now = self._clock()

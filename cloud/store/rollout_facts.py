@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, or_, select
@@ -21,7 +23,14 @@ from cloud.rollout.plan import plan_from_dict
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
 from cloud.store.schema import devices, fleet_controls, reported_states, rollouts, telemetry
 
-__all__ = ["FLEET_ROW", "KPI_LOOKBACK_MS", "RolloutFacts", "read_facts"]
+__all__ = [
+    "FLEET_ROW",
+    "KPI_COMMIT_LAG_S",
+    "KPI_LOOKBACK_MS",
+    "KpiTally",
+    "RolloutFacts",
+    "read_facts",
+]
 
 #: Telemetry older than this before a deployment was made is no baseline for it.
 KPI_LOOKBACK_MS = 3600 * 1000
@@ -46,8 +55,12 @@ class RolloutFacts:
     fleet_stop: tuple[bool, int]
 
 
-def read_facts(conn: Connection, dep: DeploymentRecord, where: Any) -> RolloutFacts:
+def read_facts(
+    conn: Connection, dep: DeploymentRecord, where: Any, tally: KpiTally | None = None
+) -> RolloutFacts:
     """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
+
+    ``tally``: the leader's running KPI totals of this rollout (read on, not summed again).
 
     Raises:
         StoreError: Stored data is corrupt.
@@ -65,7 +78,9 @@ def read_facts(conn: Connection, dep: DeploymentRecord, where: Any) -> RolloutFa
             reports[row.device_id] = (int(row.reported_ms), status)
     since = dep.created_ms - KPI_LOOKBACK_MS
     cut = _baseline_since(conn, dep.id)
-    kpis = _kpis(conn, ids, dep, since, since if cut is None else max(since, cut))
+    kpis = _kpis(
+        conn, (ids, targets), dep, (since, since if cut is None else max(since, cut)), tally
+    )
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
     return RolloutFacts(targets, reports, kpis, flag)
@@ -101,20 +116,65 @@ def _baseline_since(conn: Connection, deployment_id: int) -> int | None:
         raise StoreError(f"stored plan of deployment {deployment_id} is corrupt: {exc}") from exc
 
 
-def _kpis(
-    conn: Connection, ids: Any, dep: DeploymentRecord, since_ms: int, baseline_since_ms: int
-) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
-    """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
+#: Longest a telemetry row may stay uncommitted after it took its id. On PostgreSQL the ids
+#: come from a sequence, and hub processes writing at once commit out of order; SQLite
+#: has one writer at a time, so its ids commit in order.
+KPI_COMMIT_LAG_S = 10.0
 
-    Windows count from ``since_ms`` on, those of versions other than the
-    deployment's from ``baseline_since_ms`` on. A window without a p95 (from
-    an agent older than the field) counts with its p99.
+#: One device's totals of one version: inferences, labelled, correct, errors, the sum of
+#: its windows' p95 (p99 where a window has none), the windows, the newest received time.
+_Totals = list[int | float]
+
+
+@dataclass
+class KpiTally:
+    """A rollout's telemetry totals, kept between passes by the leader and read on.
+
+    Telemetry rows are only ever added, so each pass reads the rows added since
+    the last one (by id) instead of summing every window since the lookback
+    again: an hour of windows from 10,000 devices is 600,000 rows, and summing
+    them took longer than the rest of the pass. Rows at or under ``floor`` are
+    settled; those above it already counted are in ``above``. On a database whose
+    ids may commit out of order, the floor trails the highest id seen by
+    ``lag_s`` (:data:`KPI_COMMIT_LAG_S`), so a row committed late is still read;
+    until the first such mark is old enough the totals are summed in full.
     """
+
+    clock: Callable[[], float] = time.monotonic
+    key: tuple[int, str, str, int, int] | None = None
+    totals: dict[tuple[str, str], _Totals] = field(default_factory=dict)
+    floor: int | None = None
+    above: set[int] = field(default_factory=set)
+    marks: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def settle(self, lag_s: float) -> int | None:
+        """The highest id seen at least ``lag_s`` ago (every row under it is committed)."""
+        settled = None
+        now = self.clock()
+        while self.marks and self.marks[0][0] <= now - lag_s:
+            settled = self.marks.popleft()[1]
+        return settled
+
+
+def _recent(dep: DeploymentRecord, since_ms: int, baseline_since_ms: int) -> Any:
     t = telemetry.c
-    recent = or_(
-        and_(t.version == dep.version, t.window_end_ms >= since_ms),
-        t.window_end_ms >= baseline_since_ms,
+    return and_(
+        t.skill == dep.skill,
+        or_(
+            and_(t.version == dep.version, t.window_end_ms >= since_ms),
+            t.window_end_ms >= baseline_since_ms,
+        ),
     )
+
+
+def _p95() -> Any:
+    t = telemetry.c
+    return case((t.latency_p95_ms > 0, t.latency_p95_ms), else_=t.latency_p99_ms)
+
+
+def _summed(conn: Connection, where: Any) -> dict[tuple[str, str], _Totals]:
+    """The totals of the rows ``where`` selects, summed by the database."""
+    t = telemetry.c
     query = (
         select(
             t.device_id,
@@ -123,22 +183,74 @@ def _kpis(
             func.sum(t.labelled),
             func.sum(t.correct),
             func.sum(t.errors),
-            func.avg(case((t.latency_p95_ms > 0, t.latency_p95_ms), else_=t.latency_p99_ms)),
+            func.sum(_p95()),
+            func.count(),
             func.max(t.received_ms),
         )
-        .where(and_(t.skill == dep.skill, recent, t.device_id.in_(ids)))
+        .where(where)
         .group_by(t.device_id, t.version)
     )
-    return tuple(
-        (
-            r[0],
-            r[1],
-            int(r[2] or 0),
-            int(r[3] or 0),
-            int(r[4] or 0),
-            int(r[5] or 0),
-            float(r[6] or 0),
-            int(r[7]),
-        )
+    return {
+        (r[0], r[1]): [int(v or 0) for v in r[2:6]] + [float(r[6] or 0), *r[7:]]
         for r in conn.execute(query)
+    }
+
+
+def _kpis(
+    conn: Connection,
+    targets: tuple[Any, Mapping[str, Any]],
+    dep: DeploymentRecord,
+    since: tuple[int, int],
+    tally: KpiTally | None,
+) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
+    """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
+
+    ``targets``: the targets as a subquery and as a mapping. Windows count from
+    ``since_ms`` on, those of versions other than the deployment's from
+    ``baseline_since_ms`` on (``since`` holds both). A window without a p95 (from
+    an agent older than the field) counts with its p99. With a ``tally``, only
+    the rows added since its last read are read (see :class:`KpiTally`).
+    """
+    since_ms, baseline_since_ms = since
+    ids, selected = targets
+    recent = _recent(dep, since_ms, baseline_since_ms)
+    if tally is None:
+        totals = _summed(conn, and_(recent, telemetry.c.device_id.in_(ids)))
+    else:
+        totals = _tallied(
+            conn, recent, tally, (dep.id, dep.skill, dep.version, since_ms, baseline_since_ms)
+        )
+    return tuple(
+        (device, version, int(v[0]), int(v[1]), int(v[2]), int(v[3]), v[4] / v[5], int(v[6]))
+        for (device, version), v in totals.items()
+        if device in selected
     )
+
+
+def _tallied(
+    conn: Connection, recent: Any, tally: KpiTally, key: tuple[int, str, str, int, int]
+) -> dict[tuple[str, str], _Totals]:
+    t = telemetry.c
+    if tally.key != key:  # another deployment, or its plan moved the baseline cut: start over
+        tally.key, tally.totals, tally.floor, tally.above = key, {}, None, set()
+        tally.marks.clear()
+    lag_s = 0.0 if conn.dialect.name == "sqlite" else KPI_COMMIT_LAG_S
+    top = int(conn.execute(select(func.max(t.id))).scalar() or 0)
+    tally.marks.append((tally.clock(), top))
+    settled = tally.settle(lag_s)
+    if tally.floor is None:
+        if settled is None:  # no row is known to be committed yet: sum them all this once
+            return _summed(conn, recent)
+        tally.totals, tally.floor = _summed(conn, and_(recent, t.id <= settled)), settled
+    cols = (t.id, t.device_id, t.version, t.inferences, t.labelled, t.correct, t.errors)
+    for r in conn.execute(select(*cols, _p95(), t.received_ms).where(recent, t.id > tally.floor)):
+        if r[0] in tally.above:
+            continue
+        tally.above.add(r[0])
+        v = tally.totals.setdefault((r[1], r[2]), [0, 0, 0, 0, 0.0, 0, 0])
+        v[0], v[1], v[2], v[3] = v[0] + r[3], v[1] + r[4], v[2] + r[5], v[3] + r[6]
+        v[4], v[5], v[6] = v[4] + float(r[7]), v[5] + 1, max(v[6], r[8])
+    if settled is not None and settled > tally.floor:
+        tally.floor = settled
+        tally.above = {i for i in tally.above if i > settled}
+    return tally.totals

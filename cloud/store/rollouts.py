@@ -35,7 +35,7 @@ from cloud.store.records import (
     DEPLOYMENT_SUPERSEDED,
     DeploymentRecord,
 )
-from cloud.store.rollout_facts import FLEET_ROW, RolloutFacts, read_facts
+from cloud.store.rollout_facts import FLEET_ROW, KpiTally, RolloutFacts, read_facts
 from cloud.store.schema import (
     deployments,
     device_groups,
@@ -243,17 +243,19 @@ class RolloutTables(StoreBase):
         with self._tx() as conn:
             return [_record(row) for row in conn.execute(query.order_by(deployments.c.id))]
 
-    def rollout_facts(self, rollout: RolloutRecord) -> RolloutFacts:
+    def rollout_facts(self, rollout: RolloutRecord, tally: KpiTally | None = None) -> RolloutFacts:
         """Read what the fleet shows ``rollout`` now, in one transaction.
+
+        ``tally``: the caller's running KPI totals of this rollout, read on from its
+        last read rather than summed again (the leader keeps one per rollout).
 
         Raises:
             NotFoundError: The deployment's group is gone.
             StoreError: The database failed or holds corrupt data.
         """
         with self._tx() as conn:
-            return read_facts(
-                conn, rollout.deployment, group_clause(conn, rollout.deployment.group)
-            )
+            where = group_clause(conn, rollout.deployment.group)
+            return read_facts(conn, rollout.deployment, where, tally)
 
     def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:
         """Store one engine pass: the state, the desired state it changes and its events.

@@ -15,7 +15,9 @@ from cloud.rollout.plan import plan_from_dict
 from cloud.rollout.state import RolloutState
 from cloud.rollout_loop import RolloutLoop, engine_events
 from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRecord
+from cloud.store.rollout_facts import KPI_COMMIT_LAG_S, KpiTally
 from cloud.store.rollouts import RolloutUpdate
+from cloud.store.store import open_store
 
 CAMERA = {"kind": "camera"}
 DEVICES = [f"cam-{i:02d}" for i in range(20)]
@@ -403,3 +405,81 @@ def test_the_leader_reads_back_the_state_it_stored_without_parsing_it(
     assert parsed == []  # ...and neither it nor the one before parsed again
     for stored in (before, *states):  # what was kept is what the text says
         assert RolloutState.from_json(stored) == parse(stored)
+
+
+class Seconds:
+    """A settable monotonic clock in seconds (a KPI tally's)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def window(device: str, version: str, at: int, n: int, p95: float) -> tuple[str, TelemetryRecord]:
+    """A telemetry window of ``n`` inferences, ``n - 1`` labelled, ``n - 2`` right."""
+    record = TelemetryRecord(
+        "face", version, n, n - 1, n - 2, 2.0, 9.5, at - 500, at, received_ms=at,
+        latency_p95_ms=p95, errors=n % 3,
+    )  # fmt: skip
+    return f"{device}-{version}-{at}-{n}", record
+
+
+def test_a_kpi_tally_read_on_pass_after_pass_sums_what_a_full_read_sums(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    for i, device in enumerate(DEVICES):  # the baseline: windows from before the deployment
+        store.add_telemetry_batch(device, [window(device, "1.0.0", clock.now - 1000, 10 + i, 7.0)])
+    new = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
+    rollout = store.rollouts_of([new.id])[new.id]
+    seconds = Seconds()
+    tally = KpiTally(clock=seconds)
+    for round_ in range(6):
+        clock.now += 1000
+        for i, device in enumerate(DEVICES[round_ : round_ + 7]):
+            version = "2.0.0" if i % 2 else "1.0.0"
+            p95 = 0.0 if i == 3 else 4.5 + i  # an agent without p95: its p99 counts
+            store.add_telemetry_batch(device, [window(device, version, clock.now, 5 + i, p95)])
+        tallied = store.rollout_facts(rollout, tally).kpis
+        assert sorted(tallied) == sorted(store.rollout_facts(rollout).kpis), round_
+        seconds.now += KPI_COMMIT_LAG_S / 2
+    assert len(tallied) == len(DEVICES) + 10  # 1.0.0 everywhere, 2.0.0 where it reported
+    assert tally.floor is not None  # seeded: later reads take only the rows added since
+
+
+def test_a_row_that_commits_late_below_the_highest_id_seen_is_still_counted(
+    pg_store_url: str,
+) -> None:
+    store = open_store(pg_store_url)
+    try:
+        clock = Clock()
+        fleet_on_v1(store, clock)
+        plan = plan_from_dict(CANARY)
+        new = store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now)
+        rollout = store.rollouts_of([new.id])[new.id]
+        seconds = Seconds()
+        tally = KpiTally(clock=seconds)
+        store.add_telemetry_batch("cam-00", [window("cam-00", "2.0.0", clock.now, 10, 5.0)])
+        assert store.rollout_facts(rollout, tally).kpis[0][2] == 10  # summed in full, marked
+        seconds.now += KPI_COMMIT_LAG_S  # the mark is settled: the next read seeds the tally
+        assert store.rollout_facts(rollout, tally).kpis[0][2] == 10
+        # A writer took ids 1000 and 999; 1000 commits first and is read...
+        late = window("cam-00", "2.0.0", clock.now + 1, 7, 5.0)
+        with store.engine.begin() as conn:
+            conn.execute(text("SELECT setval(pg_get_serial_sequence('telemetry', 'id'), 999)"))
+        store.add_telemetry_batch("cam-00", [window("cam-00", "2.0.0", clock.now + 2, 20, 5.0)])
+        assert store.rollout_facts(rollout, tally).kpis[0][2] == 30
+        # ...then 999 commits, below the highest id seen, within the commit lag.
+        with store.engine.begin() as conn:
+            conn.execute(text("SELECT setval(pg_get_serial_sequence('telemetry', 'id'), 998)"))
+        store.add_telemetry_batch("cam-00", [late])
+        seconds.now += 1
+        assert store.rollout_facts(rollout, tally).kpis[0][2] == 37
+        seconds.now += KPI_COMMIT_LAG_S
+        assert store.rollout_facts(rollout, tally).kpis[0][2] == 37  # counted once
+        assert tally.floor == 1000
+    finally:
+        store.close()
