@@ -136,8 +136,9 @@ class KpiTally:
     them took longer than the rest of the pass. Rows at or under ``floor`` are
     settled; those above it already counted are in ``above``. On a database whose
     ids may commit out of order, the floor trails the highest id seen by
-    ``lag_s`` (:data:`KPI_COMMIT_LAG_S`), so a row committed late is still read;
-    until the first such mark is old enough the totals are summed in full.
+    :data:`KPI_COMMIT_LAG_S` (``marks``: when each pass saw which highest id), so a
+    row committed late is still read; until the first mark is that old, a new
+    leader sums in full. ``clock``: monotonic seconds.
     """
 
     clock: Callable[[], float] = time.monotonic
