@@ -78,9 +78,8 @@ def read_facts(
             reports[row.device_id] = (int(row.reported_ms), status)
     since = dep.created_ms - KPI_LOOKBACK_MS
     cut = _baseline_since(conn, dep.id)
-    kpis = _kpis(
-        conn, (ids, targets), dep, (since, since if cut is None else max(since, cut)), tally
-    )
+    baseline = since if cut is None else max(since, cut)
+    kpis = _kpis(conn, ids, targets, dep, since, baseline, tally)
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
     return RolloutFacts(targets, reports, kpis, flag)
@@ -199,21 +198,21 @@ def _summed(conn: Connection, where: Any) -> dict[tuple[str, str], _Totals]:
 
 def _kpis(
     conn: Connection,
-    targets: tuple[Any, Mapping[str, Any]],
+    ids: Any,
+    targets: Mapping[str, Any],
     dep: DeploymentRecord,
-    since: tuple[int, int],
+    since_ms: int,
+    baseline_since_ms: int,
     tally: KpiTally | None,
 ) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
     """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
 
-    ``targets``: the targets as a subquery and as a mapping. Windows count from
-    ``since_ms`` on, those of versions other than the deployment's from
-    ``baseline_since_ms`` on (``since`` holds both). A window without a p95 (from
-    an agent older than the field) counts with its p99. With a ``tally``, only
-    the rows added since its last read are read (see :class:`KpiTally`).
+    ``ids`` selects the same devices as ``targets`` holds, as a subquery. Windows
+    count from ``since_ms`` on, those of versions other than the deployment's from
+    ``baseline_since_ms`` on. A window without a p95 (from an agent older than the
+    field) counts with its p99. With a ``tally``, only the rows added since its
+    last read are read (see :class:`KpiTally`).
     """
-    since_ms, baseline_since_ms = since
-    ids, selected = targets
     recent = _recent(dep, since_ms, baseline_since_ms)
     if tally is None:
         totals = _summed(conn, and_(recent, telemetry.c.device_id.in_(ids)))
@@ -224,7 +223,7 @@ def _kpis(
     return tuple(
         (device, version, int(v[0]), int(v[1]), int(v[2]), int(v[3]), v[4] / v[5], int(v[6]))
         for (device, version), v in totals.items()
-        if device in selected
+        if device in targets
     )
 
 
