@@ -203,25 +203,22 @@ class DeviceSession:
         """Record whether the claimed device is connected, as a broker's status says.
 
         The status is the broker's news (retained, or a last will), not a message from
-        the device, so the device's last-seen time stays. Ignored for a device that
-        never registered.
+        the device, so the device's last-seen time stays. It is written with the hub's
+        next presence batch (:meth:`HubCore.presence`), which counts a failed batch.
+        Ignored for a device that never registered, or when the store fails to say
+        (counted).
         """
         device = self.claimed or self.device_id
-        if device is None or not await self._known(device, count=False):
-            return
-        try:
+        if device is not None and await self._known(device, count=False):
             await self.core.presence(device, online=online)
-        except StoreError as exc:
-            self.drop(DropReason.STORE_ERROR, exc)
 
     async def close(self) -> None:
-        """The connection ended: mark the device that registered on it offline."""
-        if self.device_id is None:
-            return
-        try:
+        """The connection ended: mark the device that registered on it offline.
+
+        Written with the hub's next presence batch (:meth:`HubCore.disconnected`).
+        """
+        if self.device_id is not None:
             await self.core.disconnected(self.device_id)
-        except StoreError as exc:
-            self.drop(DropReason.STORE_ERROR, exc)
 
     def _decode(
         self, payload: bytes, topic_kind: str | None = None, *, check_owner: bool = True

@@ -268,28 +268,37 @@ class DeviceTables(StoreBase):
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"no device {device_id!r}")
 
-    def touch_devices(self, seen: Mapping[str, int]) -> None:
-        """:meth:`touch_device` (online) for many devices in one transaction.
+    def record_presence(self, news: Mapping[str, tuple[int | None, bool]]) -> None:
+        """Record what the hub learned of many devices' connections, in one transaction.
 
-        ``seen`` maps device ids to the time each was last heard from; ids the
-        store does not know are skipped (they can only have been heard through a
-        session that registered them, so they were deleted meanwhile).
+        ``news`` maps device ids to ``(heard_ms, online)``. ``heard_ms`` is when the
+        device itself was last heard from (a heartbeat), and sets ``last_seen_ms``;
+        None means news about its connection only (a stream that closed, a broker's
+        retained or last-will status), which leaves ``last_seen_ms``: such news must
+        not make a silent device look fresh. ``online`` is the connected flag. Ids the
+        store does not know are skipped (the hub only hears of devices that
+        registered, so they were deleted meanwhile).
 
         Raises:
             ValidationError: A malformed id or time (nothing is written).
             StoreError: The database failed.
         """
         rows = []
-        for device_id, at_ms in seen.items():
+        for device_id, (heard_ms, online) in news.items():
             check.device_id(device_id)
-            check.counter(at_ms, "now_ms")
-            rows.append({"b_device_id": device_id, "b_seen": at_ms})
+            if heard_ms is not None:
+                check.counter(heard_ms, "heard_ms")
+            rows.append({"b_device_id": device_id, "b_seen": heard_ms, "b_online": bool(online)})
         if not rows:
             return
+        seen = bindparam("b_seen", type_=devices.c.last_seen_ms.type)
         stmt = (
             update(devices)
             .where(devices.c.device_id == bindparam("b_device_id"))
-            .values(last_seen_ms=bindparam("b_seen"), online=True)
+            .values(
+                last_seen_ms=func.coalesce(seen, devices.c.last_seen_ms),
+                online=bindparam("b_online", type_=devices.c.online.type),
+            )
         )
         with self._tx(write=True) as conn:
             conn.execute(stmt, rows)
@@ -297,9 +306,9 @@ class DeviceTables(StoreBase):
     def set_device_connected(self, device_id: str, *, connected: bool) -> None:
         """Record that a device's connection began or ended, leaving its last-seen time.
 
-        For what the hub learns about a connection rather than hears from the
-        device itself (a stream that closed, a broker's retained or last-will
-        status): such news must not make a silent device look fresh.
+        One device's connection news, as :meth:`record_presence` writes it for
+        many (the hub batches its news there): such news must not make a silent
+        device look fresh.
 
         Raises:
             ValidationError: A malformed id.

@@ -209,10 +209,10 @@ def _heartbeat(device_id: str) -> bytes:
     return encode_envelope(make_envelope(device_id, heartbeat=pb.Heartbeat(uptime_s=1)))
 
 
-def _last_seen(store: Store, device_id: str) -> int:
+def _flag_and_seen(store: Store, device_id: str) -> tuple[bool, int]:
     device = store.get_device(device_id)
     assert device is not None
-    return device.last_seen_ms
+    return device.online, device.last_seen_ms
 
 
 def test_the_core_tells_and_records_its_interval_and_heartbeats_move_last_seen(
@@ -232,18 +232,19 @@ def test_the_core_tells_and_records_its_interval_and_heartbeats_move_last_seen(
         before = now_ms()
         assert await session.receive(_heartbeat("cam-1"), "heartbeat") == []
         await session.close()  # ends before the heartbeat's batch is written: written with it
-        device = store.get_device("cam-1")
-        assert device is not None and not device.online and device.last_seen_ms >= before
+
+        def offline_but_heard() -> bool:
+            online, last_seen_ms = _flag_and_seen(store, "cam-1")
+            return not online and last_seen_ms >= before
+
+        await async_wait_until(offline_but_heard, 10, "the heartbeat written disconnected")
         beat = make_envelope("cam-1", heartbeat=pb.Heartbeat())
         assert await core.handle("cam-1", beat) == []
         await async_wait_until(
-            lambda: store.get_device("cam-1").online,  # type: ignore[union-attr]
-            10,
-            "the heartbeat's batch written",
+            lambda: _flag_and_seen(store, "cam-1")[0], 10, "the heartbeat's batch written"
         )
         await core.disconnected("cam-1")  # the stream ended: disconnected, last seen unchanged
-        device = store.get_device("cam-1")
-        assert device is not None and not device.online and device.last_seen_ms >= before
+        await async_wait_until(offline_but_heard, 10, "the disconnection written")
         await core.close()
 
     asyncio.run(run())
@@ -260,12 +261,18 @@ def test_a_brokers_status_sets_the_flag_but_never_freshens_a_silent_device(
         store.set_device_connected("cam-1", connected=False)  # its last will came
         status = core.session("cam-1")  # an MQTT status topic's device
         await status.presence(online=True)  # a retained "online" replayed to a new hub
+        await async_wait_until(
+            lambda: _flag_and_seen(store, "cam-1")[0], 10, "the retained status written"
+        )
+        assert _flag_and_seen(store, "cam-1") == (True, 1)
         device = store.get_device("cam-1")
-        assert device is not None and (device.online, device.last_seen_ms) == (True, 1)
+        assert device is not None
         assert presence(1, device.heartbeat_ms, device.online, now_ms()) == "offline"
         await status.presence(online=False)
-        device = store.get_device("cam-1")
-        assert device is not None and (device.online, device.last_seen_ms) == (False, 1)
+        await async_wait_until(
+            lambda: not _flag_and_seen(store, "cam-1")[0], 10, "the last will written"
+        )
+        assert _flag_and_seen(store, "cam-1") == (False, 1)
         await core.close()
 
     asyncio.run(run())

@@ -107,16 +107,34 @@ def test_touch_device_updates_presence_and_refuses_unknown_devices(store: Store)
         store.touch_device("ghost", now_ms=13)
 
 
-def test_touch_devices_marks_many_seen_in_one_go_and_skips_unknown_ones(store: Store) -> None:
-    for device in ("cam-1", "cam-2", "cam-3"):
+def test_record_presence_writes_heard_times_and_news_in_one_go_and_skips_unknown_ones(
+    store: Store,
+) -> None:
+    for device in ("cam-1", "cam-2", "cam-3", "cam-4"):
         store.register_device(device, CAMERA, {}, now_ms=10)
-        store.touch_device(device, now_ms=11, online=False)
-    store.touch_devices({"cam-1": 20, "cam-2": 21, "ghost": 22})
+        store.touch_device(device, now_ms=11, online=device != "cam-3")
+    store.record_presence(
+        {
+            "cam-1": (20, True),
+            "cam-2": (21, False),  # heard, then news that it went
+            "cam-3": (None, True),  # news only: connected, but not seen any later
+            "cam-4": (None, False),
+            "ghost": (22, True),
+        }
+    )
     seen = {d.device_id: (d.last_seen_ms, d.online) for d in store.list_devices()}
-    assert seen == {"cam-1": (20, True), "cam-2": (21, True), "cam-3": (11, False)}
+    assert seen == {
+        "cam-1": (20, True),
+        "cam-2": (21, False),
+        "cam-3": (11, True),
+        "cam-4": (11, False),
+    }
     with pytest.raises(ValidationError):
-        store.touch_devices({"cam-3": 30, "a/b": 31})
-    assert store.get_device("cam-3").last_seen_ms == 11  # type: ignore[union-attr]
+        store.record_presence({"cam-3": (30, False), "a/b": (None, True)})
+    with pytest.raises(ValidationError):
+        store.record_presence({"cam-3": (30, False), "cam-4": (-1, True)})
+    unchanged = store.get_device("cam-3")
+    assert unchanged is not None and (unchanged.last_seen_ms, unchanged.online) == (11, True)
 
 
 def test_list_devices_filters_by_selector(store: Store) -> None:
