@@ -11,7 +11,13 @@ transaction that is refused if another process wrote the rollout first.
 
 All state is in the store, so a hub killed mid-rollout, or a new leader,
 carries on from the last stored pass; facts are joined order-free by the
-engine, so reading them again is harmless.
+engine, so reading them again is harmless. The loop keeps each rollout's last
+pass (:class:`LastPass`) only to spare work: a pass reads every target's row
+but builds facts and events only for the devices whose rows changed since
+(and every target's presence once one may have gone quiet), as long as the
+stored state is the one that pass left; otherwise it joins everything again.
+The engine still runs every pass, since time alone moves timeouts, soaks and
+maintenance windows.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from cloud.errors import NotFoundError, ValidationError
 from cloud.loops import LoopFactory, periodic
-from cloud.presence import presence
+from cloud.presence import presence, stale_after_ms
 from cloud.rollout.engine import gate_results, run
 from cloud.rollout.events import (
     Aborted,
@@ -51,7 +58,14 @@ from cloud.store.rollout_facts import KpiTally
 from cloud.store.rollouts import RolloutFacts, RolloutRecord, RolloutUpdate
 from protos.envelope import now_ms
 
-__all__ = ["ROLLOUT_TICK_S", "RolloutLoop", "engine_events", "plan_of", "update_for"]
+__all__ = [
+    "ROLLOUT_TICK_S",
+    "LastPass",
+    "RolloutLoop",
+    "engine_events",
+    "plan_of",
+    "update_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,42 +100,138 @@ def _outcome(at_ms: int, state: str, version: str, wanted: str) -> tuple[int, st
     return None
 
 
+@dataclass(frozen=True)
+class LastPass:
+    """What the loop's last pass of a rollout read and left, for the next pass to diff against.
+
+    ``state``: the stored state text the pass left (written, or found unchanged),
+    None when another process wrote it first. ``facts``: what the pass read.
+    ``now_ms``: its time. ``quiet_ms``: the earliest time a target it last saw
+    online turns offline by silence alone. ``targets``: its :class:`Targets` event.
+    """
+
+    state: str | None
+    facts: RolloutFacts
+    now_ms: int
+    quiet_ms: int
+    targets: Targets
+
+
+@dataclass(frozen=True)
+class _Events:
+    facts: list[Event]
+    controls: list[Event]
+    quiet_ms: int
+    targets: Targets
+
+
 def engine_events(
-    state: RolloutState, facts: RolloutFacts, commands: tuple[tuple[str, int], ...], now: int
+    state: RolloutState,
+    facts: RolloutFacts,
+    commands: tuple[tuple[str, int], ...],
+    now: int,
+    last: LastPass | None = None,
 ) -> tuple[list[Event], list[Event]]:
     """The engine events for one pass: device facts, then controls ending with a tick.
 
     Outcome, presence and KPI facts the state already holds are left out, so an
     unchanged fleet gives an unchanged state, and a pass joins only what changed
     (joining every target's outcome again was a tenth of a 3,000-device hub's CPU
-    during a rollout in waves).
+    during a rollout in waves). ``last``: the pass that left ``state`` and whose
+    read ``facts`` was read against (see :class:`LastPass`); only the devices that
+    changed since are looked at then, all of them once one may have gone quiet.
     """
-    facts_out: list[Event] = []
-    outcomes = state.outcomes
-    for device, (at_ms, st) in facts.reports.items():
-        if device in facts.targets:
+    events = _events(state, facts, commands, now, last)
+    return events.facts, events.controls
+
+
+def _events(
+    state: RolloutState,
+    facts: RolloutFacts,
+    commands: tuple[tuple[str, int], ...],
+    now: int,
+    last: LastPass | None,
+) -> _Events:
+    # Facts the last pass saw again, at a time no target's presence moved since,
+    # were joined into ``state`` then (or lost to newer ones it holds): joining
+    # them again changes nothing, so only the changed devices are looked at.
+    changed = None if last is None else facts.changed
+    timely = changed is not None and last is not None and last.now_ms <= now < last.quiet_ms
+    reported = facts.reports.keys() if changed is None else changed
+    outcomes = _outcome_events(state, facts, reported)
+    presences, quiet_ms = _presence_events(state, facts, changed if timely else None, now)
+    if timely and last is not None:
+        quiet_ms = min(quiet_ms, last.quiet_ms)
+    kept = changed is not None and last is not None and facts.kpis is last.facts.kpis
+    controls: list[Event] = [Command(kind, at) for kind, at in commands]
+    if facts.fleet_stop[1] >= 0:
+        controls.append(FleetStop(facts.fleet_stop[0], facts.fleet_stop[1]))
+    targets = _targets(facts, now, last if changed is not None else None)
+    controls += [targets, Tick(now)]
+    kpis = [] if kept else _kpi_events(state, facts)
+    return _Events([*outcomes, *presences, *kpis], controls, quiet_ms, targets)
+
+
+def _outcome_events(
+    state: RolloutState, facts: RolloutFacts, devices: Iterable[str]
+) -> list[Event]:
+    out: list[Event] = []
+    outcomes, reports = state.outcomes, facts.reports
+    for device in devices:
+        report = reports.get(device)
+        if report is not None and device in facts.targets:
+            at_ms, st = report
             fact = _outcome(at_ms, st.state, st.version, st.desired_version)
             if fact is not None and outcomes.get(device) != fact:
-                facts_out.append(DeviceOutcome(device, fact[1], fact[2], at_ms))
-    for device, (seen_ms, heartbeat_ms, connected) in facts.targets.items():
+                out.append(DeviceOutcome(device, fact[1], fact[2], at_ms))
+    return out
+
+
+def _presence_events(
+    state: RolloutState, facts: RolloutFacts, devices: Iterable[str] | None, now: int
+) -> tuple[list[Event], int]:
+    """The presence changes of ``devices`` (None: every target), and when the first of
+    those online turns offline unless it speaks (an offline one stays so until it does)."""
+    out: list[Event] = []
+    quiet_ms = sys.maxsize
+    for device in facts.targets if devices is None else devices:
+        row = facts.targets.get(device)
+        if row is None:
+            continue
+        seen_ms, heartbeat_ms, connected = row
         online = presence(seen_ms, heartbeat_ms, connected, now) == "online"
+        if online:
+            quiet_ms = min(quiet_ms, seen_ms + stale_after_ms(heartbeat_ms) + 1)
         known = state.presence.get(device)
         if known is None or known[1] != online:
-            facts_out.append(DevicePresence(device, online, seen_ms))
+            out.append(DevicePresence(device, online, seen_ms))
+    return out, quiet_ms
+
+
+def _kpi_events(state: RolloutState, facts: RolloutFacts) -> list[Event]:
+    out: list[Event] = []
     for row in facts.kpis:
         device, version, inferences, labelled, correct, errors, _, _ = row
         if not 0 <= correct <= labelled or inferences < 0 or not 0 <= errors <= inferences:
             continue  # a device's own nonsense never stops the pass
         held = state.kpis.get((device, version))
         if held is None or _kpi_fact(held) != row:
-            facts_out.append(KpiWindow(*row))
-    controls: list[Event] = [Command(kind, at) for kind, at in commands]
-    if facts.fleet_stop[1] >= 0:
-        controls.append(FleetStop(facts.fleet_stop[0], facts.fleet_stop[1]))
-    running = {d: st.version for d, (_, st) in facts.reports.items() if d in facts.targets}
-    previous = {d: running.get(d, "") for d in facts.targets}
-    controls += [Targets(frozenset(facts.targets), previous, now), Tick(now)]
-    return facts_out, controls
+            out.append(KpiWindow(*row))
+    return out
+
+
+def _running(facts: RolloutFacts, device: str) -> str:
+    report = facts.reports.get(device)
+    return "" if report is None else report[1].version
+
+
+def _targets(facts: RolloutFacts, now: int, last: LastPass | None) -> Targets:
+    """The group's devices and what each runs; the last pass's when neither changed."""
+    if last is not None and facts.targets.keys() == last.targets.devices:
+        previous = last.targets.previous
+        if all(previous[d] == _running(facts, d) for d in facts.changed or ()):
+            return Targets(last.targets.devices, previous, now)
+    return Targets(frozenset(facts.targets), {d: _running(facts, d) for d in facts.targets}, now)
 
 
 def _admitted(plan: RolloutPlan, state: RolloutState) -> dict[str, str] | None:
@@ -215,6 +325,8 @@ class RolloutLoop:
         self._tick_s = tick_s
         #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
         self._tallies: dict[int, KpiTally] = {}
+        #: Each driven rollout's last pass, if it ended well: the next one diffs against it.
+        self._last: dict[int, LastPass] = {}
 
     def factory(self) -> LoopFactory:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
@@ -234,8 +346,11 @@ class RolloutLoop:
         """
         stored = 0
         driven = self._store.driven_rollouts()
-        for gone in self._tallies.keys() - {r.deployment.id for r in driven}:
+        ids = {r.deployment.id for r in driven}
+        for gone in self._tallies.keys() - ids:
             del self._tallies[gone]
+        for gone in self._last.keys() - ids:
+            del self._last[gone]
         for rollout in driven:
             try:
                 stored += self.advance(rollout)
@@ -246,22 +361,30 @@ class RolloutLoop:
     def advance(self, rollout: RolloutRecord) -> bool:
         """Run one pass of one rollout and store it; whether anything was stored.
 
+        The pass reads and joins only what changed since the last one of this
+        rollout, when that one ended well and its state is the stored one; a pass
+        that fails leaves the next one to read and join everything.
+
         Raises:
             ValidationError: The stored plan or state is corrupt.
             StoreError: The database failed.
         """
+        dep_id = rollout.deployment.id
+        last = self._last.pop(dep_id, None)
         plan = plan_of(rollout)
         try:
-            tally = self._tallies.setdefault(rollout.deployment.id, KpiTally())
-            facts = self._store.rollout_facts(rollout, tally)
+            tally = self._tallies.setdefault(dep_id, KpiTally())
+            facts = self._store.rollout_facts(rollout, tally, None if last is None else last.facts)
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
         now = self._clock()
         state = RolloutState.from_json(rollout.state)
-        change = update_for(rollout, plan, engine_events(state, facts, rollout.commands, now))
-        if change is None:
-            return False
-        written = self._store.save_rollout(change, now_ms=now)
-        for message in change.messages if written else ():
+        held = last if last is not None and last.state == rollout.state else None
+        events = _events(state, facts, rollout.commands, now, held)
+        change = update_for(rollout, plan, (events.facts, events.controls))
+        written = change is not None and self._store.save_rollout(change, now_ms=now)
+        left = rollout.state if change is None else change.state if written else None
+        self._last[dep_id] = LastPass(left, facts, now, events.quiet_ms, events.targets)
+        for message in change.messages if change is not None and written else ():
             log.info("%s", message)
         return written

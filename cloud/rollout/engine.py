@@ -338,12 +338,17 @@ def run(
     """
     draft = FactDraft(state)
     out: list[Decision] = []
+    settled: RolloutState | None = None  # a state the last evaluation left as it found it
     for event in events:
         if isinstance(event, DeviceOutcome | DevicePresence | KpiWindow):
             draft.join(event)
             continue
-        state, decisions = _evaluate(plan, apply_control(draft.freeze(), event))
+        ready = apply_control(draft.freeze(), event)
+        if ready is settled:
+            continue  # evaluating is pure: the same state again decides nothing again
+        state, decisions = _evaluate(plan, ready)
         out.extend(decisions)
+        settled = state if state is ready and not decisions else None
         draft = FactDraft(state)
     return draft.freeze(), tuple(out)
 

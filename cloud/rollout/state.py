@@ -14,7 +14,7 @@ import enum
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -112,25 +112,18 @@ class RolloutState:
         return Phase.PAUSED if self.paused_reason and running else self.stage
 
     def to_json(self) -> str:
-        """The state as canonical JSON text (sorted keys, no spaces)."""
-        data: dict[str, Any] = {
-            "schema": 1,
-            "version": self.version,
-            "stage": self.stage.value,
-            "targets": sorted(self.targets),
-            "previous": dict(self.previous),
-            "outcomes": {d: list(v) for d, v in self.outcomes.items()},
-            "ran": {d: sorted(v) for d, v in self.ran.items()},
-            "presence": {d: list(v) for d, v in self.presence.items()},
-            "kpis": [[*k, *_kpi_row(w)] for k, w in sorted(self.kpis.items())],
-            "admitted": {d: [a.version, a.previous, a.at_ms] for d, a in self.admitted.items()},
-            "reverted": dict(self.reverted),
-            "hold": list(self.hold),
-            "fleet_stop": list(self.fleet_stop),
-        }
-        for name in _SCALARS:
-            data[name] = getattr(self, name)
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        """The state as canonical JSON text (sorted keys, no spaces).
+
+        A pass changes few of the per-device tables and hands the others on as
+        they were, so each table's text is kept by the table (see :data:`_TABLES`):
+        at 10,000 devices writing the whole state took a tenth of a second.
+        """
+        parts = {name: _TABLES.text(name, getattr(self, name)) for name in _ENCODERS}
+        parts["schema"] = "1"
+        for name in ("version", "hold", "fleet_stop", *_SCALARS):
+            parts[name] = _dumps(getattr(self, name))
+        parts["stage"] = _dumps(self.stage.value)
+        text = "{" + ",".join(f"{_dumps(k)}:{v}" for k, v in sorted(parts.items())) + "}"
         if type(self) is RolloutState:
             _PARSED.keep(text, self)  # the leader reads back what it stored: no parse then
         return text
@@ -184,6 +177,49 @@ _SCALARS = (
     "paused_reason",
     "reason",
 )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+#: How each table of a state is written, by its field.
+_ENCODERS: Mapping[str, Callable[[Any], Any]] = {
+    "targets": sorted,
+    "previous": dict,
+    "outcomes": lambda t: {d: list(v) for d, v in t.items()},
+    "ran": lambda t: {d: sorted(v) for d, v in t.items()},
+    "presence": lambda t: {d: list(v) for d, v in t.items()},
+    "kpis": lambda t: [[*k, *_kpi_row(w)] for k, w in sorted(t.items())],
+    "admitted": lambda t: {d: [a.version, a.previous, a.at_ms] for d, a in t.items()},
+    "reverted": dict,
+}
+
+
+class _Texts:
+    """The JSON text of the last tables written, by the table itself (not an equal one)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._texts: OrderedDict[tuple[str, int], tuple[object, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def text(self, name: str, table: object) -> str:
+        key = (name, id(table))
+        with self._lock:
+            kept = self._texts.get(key)
+        if kept is not None and kept[0] is table:  # holding the table keeps its id its own
+            return kept[1]
+        text = _dumps(_ENCODERS[name](table))
+        with self._lock:
+            self._texts[key] = (table, text)
+            while len(self._texts) > self._size:
+                self._texts.popitem(last=False)
+        return text
+
+
+#: Two states of a few rollouts, table by table.
+_TABLES = _Texts(8 * len(_ENCODERS))
 
 
 def _kpi_row(w: KpiWindow) -> tuple[Any, ...]:
@@ -249,21 +285,33 @@ class FactDraft:
 
 
 def apply_control(state: RolloutState, event: Tick | Command | FleetStop | Targets) -> RolloutState:
-    """Join a control event's fact (if it carries one) and move the clock to its time."""
+    """Join a control event's fact (if it carries one) and move the clock to its time.
+
+    An event that changes nothing (a tick at or before the clock) returns ``state`` itself.
+    """
     at = event.now_ms if isinstance(event, Tick) else event.at_ms
-    state = replace(state, clock_ms=max(state.clock_ms, at))
+    if at > state.clock_ms:
+        state = replace(state, clock_ms=at)
+    if isinstance(event, Targets):
+        if not _newer_targets(event, state):
+            return state
+        # Equal tables are kept as they are: the state's text is kept by the table.
+        devices = state.targets if state.targets == event.devices else frozenset(event.devices)
+        same = state.previous == event.previous
+        previous = state.previous if same else MappingProxyType(dict(event.previous))
+        return replace(state, targets=devices, previous=previous, targets_at_ms=at)
+    changes: dict[str, Any] = {}
     if isinstance(event, Command) and event.kind in ("pause", "resume"):
-        return replace(state, hold=max(state.hold, (at, event.kind == "pause")))
-    if isinstance(event, Command) and event.kind == "abort":  # abort and rollback stick
-        return replace(state, abort_at_ms=_first(state.abort_at_ms, at))
-    if isinstance(event, Command):
-        return replace(state, rollback_at_ms=_first(state.rollback_at_ms, at))
-    if isinstance(event, FleetStop):
-        return replace(state, fleet_stop=max(state.fleet_stop, (at, event.on)))
-    if isinstance(event, Targets) and _newer_targets(event, state):
-        previous = MappingProxyType(dict(event.previous))
-        return replace(state, targets=frozenset(event.devices), previous=previous, targets_at_ms=at)
-    return state
+        changes["hold"] = max(state.hold, (at, event.kind == "pause"))
+    elif isinstance(event, Command) and event.kind == "abort":  # abort and rollback stick
+        changes["abort_at_ms"] = _first(state.abort_at_ms, at)
+    elif isinstance(event, Command):
+        changes["rollback_at_ms"] = _first(state.rollback_at_ms, at)
+    elif isinstance(event, FleetStop):
+        changes["fleet_stop"] = max(state.fleet_stop, (at, event.on))
+    if all(getattr(state, name) == value for name, value in changes.items()):
+        return state
+    return replace(state, **changes)
 
 
 def _first(seen: int, at: int) -> int:

@@ -4,6 +4,11 @@ Read in one transaction for the leader's rollout loop, which turns it into
 rollout engine events (:mod:`cloud.rollout_loop`). A plan's
 ``baseline_since_ms`` keeps the baseline versions' telemetry windows that
 ended before it out of their KPIs (the new version's are never cut).
+
+The leader reads every target's row every second, and between two reads few
+of them change: a read given the last one (``last``) compares the raw rows,
+takes the unchanged devices' facts from it and says which devices changed
+(:attr:`RolloutFacts.changed`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import functools
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +32,7 @@ __all__ = [
     "FLEET_ROW",
     "KPI_COMMIT_LAG_S",
     "KPI_LOOKBACK_MS",
+    "DeviceRow",
     "KpiTally",
     "RolloutFacts",
     "read_facts",
@@ -38,6 +44,12 @@ KPI_LOOKBACK_MS = 3600 * 1000
 FLEET_ROW = 1
 
 
+#: A target's row as the driver reads it: ``(device, last_seen_ms, heartbeat_ms, connected,
+#: reported_ms, skills)``, the last two None when it never reported (``connected`` may
+#: come as 0 or 1).
+DeviceRow = tuple[str, int, int, bool, int | None, str | None]
+
+
 @dataclass(frozen=True)
 class RolloutFacts:
     """What the fleet shows a rollout now.
@@ -46,43 +58,86 @@ class RolloutFacts:
     heartbeat_ms, connected)``. ``reports``: each target's report time and
     status of the skill (when it reported it). ``kpis``: ``(device, version,
     inferences, labelled, correct, errors, p95_ms, at_ms)`` totals of the skill's
-    telemetry. ``fleet_stop``: the switch and when it last changed.
+    telemetry. ``fleet_stop``: the switch and when it last changed. ``rows``:
+    the targets' rows as read. ``changed``: the targets whose row differs from
+    the last read's (new targets included), or None when read without one.
     """
 
     targets: Mapping[str, tuple[int, int, bool]]
     reports: Mapping[str, tuple[int, SkillStatusRecord]]
     kpis: tuple[tuple[str, str, int, int, int, int, float, int], ...]
     fleet_stop: tuple[bool, int]
+    rows: frozenset[DeviceRow] = frozenset()
+    changed: frozenset[str] | None = None
 
 
 def read_facts(
-    conn: Connection, dep: DeploymentRecord, where: Any, tally: KpiTally | None = None
+    conn: Connection,
+    dep: DeploymentRecord,
+    where: Any,
+    tally: KpiTally | None = None,
+    last: RolloutFacts | None = None,
 ) -> RolloutFacts:
     """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
 
-    ``tally``: the leader's running KPI totals of this rollout (read on, not summed again).
+    ``tally``: the leader's running KPI totals of this rollout (read on, not summed
+    again). ``last``: the facts of the last read with that tally (or without one);
+    its unchanged devices are taken from it, and its KPIs when no total moved.
 
     Raises:
         StoreError: Stored data is corrupt.
     """
-    ids = select(devices.c.device_id).where(where)
-    cols = (devices.c.device_id, devices.c.last_seen_ms, devices.c.heartbeat_ms, devices.c.online)
-    targets = {
-        r.device_id: (int(r.last_seen_ms), int(r.heartbeat_ms), bool(r.online))
-        for r in conn.execute(select(*cols).where(where))
-    }
-    reports: dict[str, tuple[int, SkillStatusRecord]] = {}
-    for row in conn.execute(select(reported_states).where(reported_states.c.device_id.in_(ids))):
-        status = _skill_status(row.device_id, row.skills, dep.skill)
-        if status is not None:
-            reports[row.device_id] = (int(row.reported_ms), status)
+    with conn.execute(_device_rows(where)) as result:
+        # The driver's own tuples: sets of SQLAlchemy rows compare row by row in Python,
+        # and the rows are compared with the last read's every pass.
+        rows: frozenset[DeviceRow] = frozenset(result.cursor.fetchall())
+    if last is None:
+        targets, reports = _device_facts(rows, dep.skill, {}, {})
+        changed = None
+    else:
+        fresh = rows - last.rows
+        changed = frozenset(r[0] for r in fresh)
+        gone = {r[0] for r in last.rows - rows} - changed
+        targets, reports = _device_facts(fresh, dep.skill, last.targets, last.reports, gone)
     since = dep.created_ms - KPI_LOOKBACK_MS
     cut = _baseline_since(conn, dep.id)
     baseline = since if cut is None else max(since, cut)
-    kpis = _kpis(conn, ids, targets, dep, since, baseline, tally)
+    ids = select(devices.c.device_id).where(where)
+    kept = last.kpis if last is not None and targets.keys() == last.targets.keys() else None
+    kpis = _kpis(conn, ids, targets, dep, since, baseline, tally, kept)
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
-    return RolloutFacts(targets, reports, kpis, flag)
+    return RolloutFacts(targets, reports, kpis, flag, rows, changed)
+
+
+def _device_rows(where: Any) -> Any:
+    """Each target's presence and report in one read: a join costs less than two."""
+    d, r = devices.c, reported_states.c
+    cols = (d.device_id, d.last_seen_ms, d.heartbeat_ms, d.online, r.reported_ms, r.skills)
+    joined = devices.outerjoin(reported_states, r.device_id == d.device_id)
+    return select(*cols).select_from(joined).where(where)
+
+
+def _device_facts(
+    rows: Iterable[Any],
+    skill: str,
+    targets: Mapping[str, tuple[int, int, bool]],
+    reports: Mapping[str, tuple[int, SkillStatusRecord]],
+    gone: Iterable[str] = (),
+) -> tuple[dict[str, tuple[int, int, bool]], dict[str, tuple[int, SkillStatusRecord]]]:
+    """``targets`` and ``reports`` with ``rows``' devices read again and ``gone`` left out."""
+    targets, reports = dict(targets), dict(reports)
+    for device in gone:
+        del targets[device]
+        reports.pop(device, None)
+    for device, seen_ms, heartbeat_ms, connected, reported_ms, skills in rows:
+        targets[device] = (int(seen_ms), int(heartbeat_ms), bool(connected))
+        status = None if skills is None else _skill_status(device, skills, skill)
+        if status is None:
+            reports.pop(device, None)
+        else:
+            reports[device] = (int(reported_ms), status)
+    return targets, reports
 
 
 def _skill_status(device_id: str, text: str, skill: str) -> SkillStatusRecord | None:
@@ -204,6 +259,7 @@ def _kpis(
     since_ms: int,
     baseline_since_ms: int,
     tally: KpiTally | None,
+    kept: tuple[tuple[str, str, int, int, int, int, float, int], ...] | None = None,
 ) -> tuple[tuple[str, str, int, int, int, int, float, int], ...]:
     """Each target's telemetry totals per version; its p95 is the mean of its windows' p95.
 
@@ -211,15 +267,17 @@ def _kpis(
     count from ``since_ms`` on, those of versions other than the deployment's from
     ``baseline_since_ms`` on. A window without a p95 (from an agent older than the
     field) counts with its p99. With a ``tally``, only the rows added since its
-    last read are read (see :class:`KpiTally`).
+    last read are read (see :class:`KpiTally`), and ``kept``, what that read
+    returned for the same targets, is returned again when no total moved.
     """
     recent = _recent(dep, since_ms, baseline_since_ms)
     if tally is None:
         totals = _summed(conn, and_(recent, telemetry.c.device_id.in_(ids)))
     else:
-        totals = _tallied(
-            conn, recent, tally, (dep.id, dep.skill, dep.version, since_ms, baseline_since_ms)
-        )
+        key = (dep.id, dep.skill, dep.version, since_ms, baseline_since_ms)
+        totals, moved = _tallied(conn, recent, tally, key)
+        if kept is not None and not moved:
+            return kept
     return tuple(
         (device, version, int(v[0]), int(v[1]), int(v[2]), int(v[3]), v[4] / v[5], int(v[6]))
         for (device, version), v in totals.items()
@@ -229,7 +287,8 @@ def _kpis(
 
 def _tallied(
     conn: Connection, recent: Any, tally: KpiTally, key: tuple[int, str, str, int, int]
-) -> dict[tuple[str, str], _Totals]:
+) -> tuple[dict[tuple[str, str], _Totals], bool]:
+    """The tally's totals read on, and whether any of them moved (or were summed again)."""
     t = telemetry.c
     if tally.key != key:  # another deployment, or its plan moved the baseline cut: start over
         tally.key, tally.totals, tally.floor, tally.above = key, {}, None, set()
@@ -240,17 +299,21 @@ def _tallied(
     settled = tally.settle(lag_s)
     if tally.floor is None:
         if settled is None:  # no row is known to be committed yet: sum them all this once
-            return _summed(conn, recent)
+            return _summed(conn, recent), True
         tally.totals, tally.floor = _summed(conn, and_(recent, t.id <= settled)), settled
+        moved = True
+    else:
+        moved = False
     cols = (t.id, t.device_id, t.version, t.inferences, t.labelled, t.correct, t.errors)
     for r in conn.execute(select(*cols, _p95(), t.received_ms).where(recent, t.id > tally.floor)):
         if r[0] in tally.above:
             continue
         tally.above.add(r[0])
+        moved = True
         v = tally.totals.setdefault((r[1], r[2]), [0, 0, 0, 0, 0.0, 0, 0])
         v[0], v[1], v[2], v[3] = v[0] + r[3], v[1] + r[4], v[2] + r[5], v[3] + r[6]
         v[4], v[5], v[6] = v[4] + float(r[7]), v[5] + 1, max(v[6], r[8])
     if settled is not None and settled > tally.floor:
         tally.floor = settled
         tally.above = {i for i in tally.above if i > settled}
-    return tally.totals
+    return tally.totals, moved

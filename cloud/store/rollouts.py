@@ -243,11 +243,19 @@ class RolloutTables(StoreBase):
         with self._tx() as conn:
             return [_record(row) for row in conn.execute(query.order_by(deployments.c.id))]
 
-    def rollout_facts(self, rollout: RolloutRecord, tally: KpiTally | None = None) -> RolloutFacts:
+    def rollout_facts(
+        self,
+        rollout: RolloutRecord,
+        tally: KpiTally | None = None,
+        last: RolloutFacts | None = None,
+    ) -> RolloutFacts:
         """Read what the fleet shows ``rollout`` now, in one transaction.
 
         ``tally``: the caller's running KPI totals of this rollout, read on from its
         last read rather than summed again (the leader keeps one per rollout).
+        ``last``: the caller's last read of this rollout (with the same tally): the
+        devices whose rows did not change are taken from it, and the new facts say
+        which changed (see :func:`cloud.store.rollout_facts.read_facts`).
 
         Raises:
             NotFoundError: The deployment's group is gone.
@@ -255,7 +263,7 @@ class RolloutTables(StoreBase):
         """
         with self._tx() as conn:
             where = group_clause(conn, rollout.deployment.group)
-            return read_facts(conn, rollout.deployment, where, tally)
+            return read_facts(conn, rollout.deployment, where, tally, last)
 
     def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:
         """Store one engine pass: the state, the desired state it changes and its events.

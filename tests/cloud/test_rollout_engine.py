@@ -9,6 +9,7 @@ step is checked against the engine's invariants.
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import random
 from collections.abc import Iterable, Iterator, KeysView, Mapping
@@ -37,6 +38,7 @@ from cloud.rollout.engine import (
     RolloutState,
     Targets,
     Tick,
+    _evaluate,
     gate_results,
     in_flight,
     observations,
@@ -45,7 +47,7 @@ from cloud.rollout.engine import (
 )
 from cloud.rollout.gates import Verdict
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
-from cloud.rollout.state import ENDED, FactDraft, apply_control
+from cloud.rollout.state import _SCALARS, ENDED, FactDraft, apply_control
 
 T0 = 1_704_067_200_000  # 2024-01-01 00:00 UTC, a Monday
 OLD, NEW = "1.0.0", "2.0.0"
@@ -647,3 +649,90 @@ def test_a_draft_copies_each_table_once_however_many_facts_it_joins() -> None:
     assert all(joined.outcomes[d][1:] == (NEW, "running") for d in fleet)
     assert all(joined.ran[d] == {OLD, NEW} for d in fleet)
     assert all(state.outcomes[d] == (T0, OLD, "running") for d in fleet)
+
+
+def _every_control_evaluated(
+    plan: RolloutPlan, state: RolloutState, events: Iterable[Event]
+) -> tuple[RolloutState, tuple[Decision, ...]]:
+    """:func:`run` as it was before it skipped evaluating a state it had just left as it was."""
+    out: list[Decision] = []
+    for event in events:
+        if isinstance(event, DeviceOutcome | DevicePresence | KpiWindow):
+            draft = FactDraft(state)
+            draft.join(event)
+            state = draft.freeze()
+            continue
+        state, decisions = _evaluate(plan, apply_control(state, event))
+        out.extend(decisions)
+    return state, tuple(out)
+
+
+@PROPERTY
+@given(scenario=scenarios(), seed=st.integers(0, 2**32))
+def test_skipping_an_evaluation_that_would_find_the_same_state_decides_the_same(
+    scenario: tuple[RolloutPlan, World], seed: int
+) -> None:
+    plan, world = scenario
+    sim = Sim(plan, world, check=False).go(tick_s=15, horizon_s=3600)
+    rng = random.Random(seed)
+    log: list[Event] = []
+    for event in sim.log:  # ticks again at the same instant, as the loop's Targets then Tick
+        log.append(event)
+        if not isinstance(event, FACTS) and rng.random() < 0.5:
+            log += [Tick(_at(event))] * rng.randint(1, 2)
+    assert run(plan, RolloutState(NEW), log) == _every_control_evaluated(
+        plan, RolloutState(NEW), log
+    )
+
+
+def test_a_control_that_changes_nothing_hands_the_state_back_itself() -> None:
+    state = RolloutState(NEW, clock_ms=T0, targets=frozenset({"a"}), targets_at_ms=T0)
+    paused = apply_control(state, Command("pause", T0))
+    assert apply_control(state, Tick(T0)) is state
+    assert apply_control(state, Tick(T0 - 1)) is state
+    assert apply_control(paused, Command("pause", T0)) is paused
+    assert apply_control(state, FleetStop(False, T0 - 5)).fleet_stop == (T0 - 5, False)
+    moved = apply_control(state, Targets(frozenset({"a"}), {"a": OLD}, T0 + 1))
+    again = apply_control(moved, Targets(frozenset({"a"}), {"a": OLD}, T0 + 2))
+    assert again.targets is moved.targets and again.previous is moved.previous  # kept tables
+    assert again.targets_at_ms == T0 + 2
+
+
+def _plain_json(state: RolloutState) -> str:
+    """The state's text as one ``json.dumps`` of the whole, before tables' texts were kept."""
+    data: dict[str, Any] = {
+        "schema": 1,
+        "version": state.version,
+        "stage": state.stage.value,
+        "targets": sorted(state.targets),
+        "previous": dict(state.previous),
+        "outcomes": {d: list(v) for d, v in state.outcomes.items()},
+        "ran": {d: sorted(v) for d, v in state.ran.items()},
+        "presence": {d: list(v) for d, v in state.presence.items()},
+        "kpis": [
+            [*k, w.at_ms, w.inferences, w.labelled, w.correct, w.errors, w.p95_ms]
+            for k, w in sorted(state.kpis.items())
+        ],
+        "admitted": {d: [a.version, a.previous, a.at_ms] for d, a in state.admitted.items()},
+        "reverted": dict(state.reverted),
+        "hold": list(state.hold),
+        "fleet_stop": list(state.fleet_stop),
+    }
+    for name in _SCALARS:
+        data[name] = getattr(state, name)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+@PROPERTY
+@given(scenario=scenarios())
+def test_a_state_written_table_by_table_is_the_whole_state_written_at_once(
+    scenario: tuple[RolloutPlan, World],
+) -> None:
+    plan, world = scenario
+    log = Sim(plan, world, check=False).go(tick_s=15, horizon_s=3600).log
+    state = RolloutState(NEW)
+    for i, event in enumerate(log):
+        state = step(plan, state, event)[0]
+        if i % max(1, len(log) // 30) == 0 or i == len(log) - 1:
+            assert state.to_json() == _plain_json(state)
+            assert state.to_json() == _plain_json(state)  # with its tables' texts kept
