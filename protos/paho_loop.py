@@ -524,7 +524,10 @@ def _decode_publish(header: int, packet: bytes | bytearray) -> mqtt.MQTTMessage:
             pos += 1
         else:
             props = message.properties = _no_properties()
-            pos += props.unpack(bytes(packet[pos:]))[1]  # bytes values, as paho gives
+            end = _read_properties(props, packet, pos)
+            if end is None:  # not one the short reader takes: paho reads it, or refuses it
+                end = pos + props.unpack(bytes(packet[pos:]))[1]  # bytes values, as paho gives
+            pos = end
     except _packet.DECODE_ERRORS as err:
         raise MalformedPacket(str(err)) from err
     message.dup = header & 0x08 != 0
@@ -532,6 +535,80 @@ def _decode_publish(header: int, packet: bytes | bytearray) -> mqtt.MQTTMessage:
     message.retain = header & 0x01 != 0
     message.payload = bytes(packet[pos:])
     return message
+
+
+#: The properties :func:`_read_properties` reads: their names, and whether a text value.
+_SHORT_PROPERTIES = {
+    _CONTENT_TYPE: ("ContentType", True),
+    _RESPONSE_TOPIC: ("ResponseTopic", True),
+    _CORRELATION_DATA: ("CorrelationData", False),
+}
+
+
+class _NotShort(Exception):
+    """A property block :func:`_read_properties` leaves to paho."""
+
+
+def _read_properties(props: Properties, packet: bytes | bytearray, pos: int) -> int | None:
+    """Read the PUBLISH properties at ``pos`` into ``props``; the position after them.
+
+    paho's ``Properties.unpack`` copies the rest of the packet for every field and
+    looks each name up by walking its tables: a tenth of an agent's time while a
+    fleet fetches its bundles, on the few properties the hub and its agents send
+    each other (a fetch's response topic and correlation data, a reply's content
+    type, user properties). Those are read here when their block is under 128
+    bytes and well formed; for anything else (another property, a repeated one, a
+    length that does not fit, text MQTT forbids) this returns None with ``props``
+    untouched, and paho reads the block, or refuses it, as it always did.
+    """
+    size = packet[pos]
+    end = pos + 1 + size
+    if size >= 0x80 or end > len(packet):
+        return None
+    values: dict[str, Any] = {}
+    users: list[tuple[str, str]] = []
+    at = pos + 1
+    try:
+        while at < end:
+            ident = packet[at]
+            if ident == _USER_PROPERTY:
+                key, at = _short_field(packet, at + 1, end)
+                value, at = _short_field(packet, at, end)
+                users.append((_mqtt_text(key), _mqtt_text(value)))
+                continue
+            name, is_text = _SHORT_PROPERTIES.get(ident) or ("", False)
+            data, at = _short_field(packet, at + 1, end)
+            if not name or name in values:
+                raise _NotShort
+            values[name] = _mqtt_text(data) if is_text else data
+    except _NotShort:
+        return None
+    if users:
+        values["UserProperty"] = users
+    props.__dict__.update(values)
+    return end
+
+
+def _short_field(packet: bytes | bytearray, at: int, end: int) -> tuple[bytes, int]:
+    """The length-prefixed field at ``at``, which must end by ``end``; the position after it."""
+    if at + 2 > end:
+        raise _NotShort
+    (length,) = _U16.unpack_from(packet, at)
+    after = at + 2 + length
+    if after > end:
+        raise _NotShort
+    return bytes(packet[at + 2 : after]), after
+
+
+def _mqtt_text(data: bytes) -> str:
+    """``data`` as the UTF-8 text MQTT allows (no NUL, no U+FEFF)."""
+    try:
+        text = data.decode("utf-8")  # refuses the surrogates D800-DFFF, as MQTT does
+    except UnicodeDecodeError:
+        raise _NotShort from None
+    if "\x00" in text or "\ufeff" in text:
+        raise _NotShort
+    return text
 
 
 def _printable(topic: bytes) -> str:

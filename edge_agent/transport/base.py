@@ -46,6 +46,17 @@ class FetchBusy(TransportError):
     """The hub is serving as many fetches as it allows; asking again soon will do."""
 
 
+def _check_progress(
+    path: str, received: int, max_bytes: int, started: float, limits: FetchLimits
+) -> None:
+    """Refuse a fetch over its size cap, or slower than its minimum rate after the grace."""
+    if received > max_bytes:
+        raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
+    elapsed = time.monotonic() - started
+    if elapsed > limits.grace_s and received / elapsed < limits.min_rate_bytes_per_s:
+        raise FetchAborted(f"{path} arrives slower than {limits.min_rate_bytes_per_s:.0f} B/s")
+
+
 class AgentTransport(ABC):
     """One agent's connection to its hub. Use as an async context manager."""
 
@@ -132,15 +143,8 @@ class AgentTransport(ABC):
         failures = 0
         while True:
             try:
-                async with asyncio.timeout(
-                    max(0.0, limits.deadline_s - (time.monotonic() - started))
-                ):
-                    await self._fetch_into(buf, path, max_bytes, started, limits)
+                await self._fetch_into(buf, path, max_bytes, started, limits)
                 return bytes(buf)
-            except TimeoutError as exc:
-                raise TransportError(
-                    f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline"
-                ) from exc
             except FetchAborted:
                 raise
             except FetchBusy:  # not a failure: wait a moment (jittered, so askers spread out)
@@ -154,26 +158,33 @@ class AgentTransport(ABC):
     async def _fetch_into(
         self, buf: bytearray, path: str, max_bytes: int, started: float, limits: FetchLimits
     ) -> None:
+        """Read the rest of ``path`` into ``buf``, bounded by the deadline and the stall bound.
+
+        One timer keeps both: before each chunk it is set to the nearer of the
+        deadline and the stall bound, and which one ran out says what went wrong.
+        (A timer a chunk inside one for the whole fetch were over a quarter of what
+        a small fetch cost an agent; and in Python 3.11, nested ``wait_for`` could
+        swallow the outer deadline's cancellation when a chunk arrived at the same
+        moment.)
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, limits.deadline_s - (time.monotonic() - started))
         stream = self._fetch(path, len(buf), max_bytes)
-        while True:
-            # A nested asyncio.timeout, not wait_for: in Python 3.11 wait_for can swallow
-            # the outer deadline's cancellation when a chunk arrives at the same moment.
-            try:
-                async with asyncio.timeout(limits.chunk_timeout_s):
-                    chunk = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
+        try:
+            async with asyncio.timeout(None) as window:
+                while True:
+                    window.reschedule(min(deadline, loop.time() + limits.chunk_timeout_s))
+                    try:
+                        chunk = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    buf += chunk
+                    _check_progress(path, len(buf), max_bytes, started, limits)
+        except TimeoutError as exc:
+            if loop.time() >= deadline:  # not resumed: the time is spent
                 raise FetchAborted(
-                    f"the hub stalled: no data for {path} in {limits.chunk_timeout_s:g} s"
+                    f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline"
                 ) from exc
-            if time.monotonic() - started > limits.deadline_s:
-                raise FetchAborted(f"fetch of {path} passed its {limits.deadline_s:.0f} s deadline")
-            buf += chunk
-            if len(buf) > max_bytes:
-                raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
-            elapsed = time.monotonic() - started
-            if elapsed > limits.grace_s and len(buf) / elapsed < limits.min_rate_bytes_per_s:
-                raise FetchAborted(
-                    f"{path} arrives slower than {limits.min_rate_bytes_per_s:.0f} B/s"
-                )
+            raise FetchAborted(
+                f"the hub stalled: no data for {path} in {limits.chunk_timeout_s:g} s"
+            ) from exc

@@ -370,11 +370,12 @@ class MqttAgentTransport(AgentTransport):
 
     async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
         self._check_open()
-        try:  # the hub serves registered devices only
-            async with asyncio.timeout(self._connect_timeout_s):
-                await self._welcomed.wait()
-        except TimeoutError as exc:
-            raise TransportError(f"no welcome from the hub behind {self.url}") from exc
+        if not self._welcomed.is_set():  # the hub serves registered devices only
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await self._welcomed.wait()
+            except TimeoutError as exc:
+                raise TransportError(f"no welcome from the hub behind {self.url}") from exc
         corr = new_id().encode()
         queue: asyncio.Queue[tuple[str, bytes] | TransportError] = asyncio.Queue()
         self._fetches[corr] = queue

@@ -7,11 +7,19 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from protos.paho_loop import LeanClient, PackedProperties, publish_properties
+from protos.paho_loop import (
+    LeanClient,
+    PackedProperties,
+    _no_properties,
+    _read_properties,
+    publish_properties,
+)
 
 TOPIC = "es/dev/d-1/up/telemetry"
 
@@ -165,6 +173,64 @@ def test_malformed_publish_refused_as_paho_refuses_it(body: bytes, qos: int) -> 
     lean = _receive(LeanClient, mqtt.MQTTv5, header, body)
     assert lean[0] == paho[0]
     assert lean[1] == paho[1] == []
+
+
+def _field(data: bytes, claimed: int | None = None) -> bytes:
+    size = len(data) if claimed is None else claimed
+    return size.to_bytes(2, "big") + data
+
+
+#: Property blocks as a broker may relay them: the ones agents and the hub send each other,
+#: repeated ones, other properties, text MQTT forbids, and lengths that do not fit.
+_TEXTS = st.sampled_from(
+    [b"", b"es/dev/d-1/down/fetch", "caf\u00e9".encode(), b"a\x00b", b"\xef\xbb\xbf", b"\xff"]
+)
+_ONE_PROPERTY = st.one_of(
+    st.tuples(st.sampled_from([0x03, 0x08]), _TEXTS).map(lambda p: bytes([p[0]]) + _field(p[1])),
+    st.binary(max_size=40).map(lambda b: b"\x09" + _field(b)),
+    st.tuples(_TEXTS, _TEXTS).map(lambda p: b"\x26" + _field(p[0]) + _field(p[1])),
+    st.integers(0, 2**32 - 1).map(lambda n: b"\x02" + n.to_bytes(4, "big")),  # message expiry
+    st.binary(max_size=6).map(lambda b: b"\x09" + _field(b, len(b) + 3)),  # runs past the block
+    st.binary(min_size=1, max_size=3),  # anything
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(_ONE_PROPERTY, max_size=5),
+    size_change=st.sampled_from([0, 0, 0, -1, 1, 200]),
+    qos=st.sampled_from([0, 1]),
+)
+def test_properties_read_as_paho_reads_or_refuses_them(
+    parts: list[bytes], size_change: int, qos: int
+) -> None:
+    block = b"".join(parts)
+    size = max(0, len(block) + size_change)
+    length = bytes([size]) if size < 0x80 else bytes([size & 0x7F | 0x80, size >> 7])
+    body = _field(TOPIC.encode()) + (b"\x00\x07" if qos else b"") + length + block + b"payload"
+    header = 0x30 | qos << 1
+    paho = _receive(mqtt.Client, mqtt.MQTTv5, header, body)
+    lean = _receive(LeanClient, mqtt.MQTTv5, header, body)
+    assert lean[0] == paho[0]
+    assert [_fields(m) for m in lean[1]] == [_fields(m) for m in paho[1]]
+    assert lean[2] == paho[2]
+
+
+def test_the_properties_of_a_fetch_are_read_without_paho() -> None:
+    props = publish_properties(
+        content_type="application/x-protobuf",
+        response_topic="es/dev/d-1/down/fetch",
+        correlation=b"\x00\x01corr",
+        user=(("window", "4"), ("window", "8")),
+    )
+    block = props.pack()
+    read = _no_properties()
+    assert _read_properties(read, block + b"payload", 0) == len(block)
+    assert read.json() == props.json()
+    # Another property is left to paho, with nothing read.
+    other = _properties(MessageExpiryInterval=30).pack()
+    untouched = _no_properties()
+    assert _read_properties(untouched, other, 0) is None and untouched.isEmpty()
 
 
 @pytest.mark.parametrize("protocol", [mqtt.MQTTv5, mqtt.MQTTv311])
