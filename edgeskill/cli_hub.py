@@ -28,6 +28,7 @@ from edgeskill._common import (
     print_error,
 )
 from edgeskill.cli_project import ProjectOpt
+from edgeskill.processes import settle_collector
 
 app = typer.Typer(help="Run and set up the cloud hub.", no_args_is_help=True)
 claim_app = typer.Typer(
@@ -50,6 +51,10 @@ InsecureOpt = Annotated[
     ),
 ]
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: A serving hub's young collections: every this many container allocations (Python's: 700).
+#: In a 2,000-device upgrade the hub made about 200 collections (7% of its CPU) by default;
+#: with this, none.
+HUB_YOUNG_GC_THRESHOLD = 50_000
 
 
 def _ttl_seconds(text: str) -> float:
@@ -257,6 +262,7 @@ def hub_serve(
     with _hub(home) as hub:
         if insecure or hub.config.insecure:
             _warn_insecure()
+        settle_collector(HUB_YOUNG_GC_THRESHOLD)  # what is loaded so far lives as long as the hub
         run_until_signal(
             lambda stop: hub.serve(
                 stop,

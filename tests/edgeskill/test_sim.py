@@ -411,3 +411,21 @@ def test_faulty_transport_cuts_the_session_at_its_drawn_rate_and_delays_messages
     counters, lag = asyncio.run(main())
     assert (counters.disconnects, counters.sessions, counters.connected) == (1, 1, 0)
     assert lag >= 0.02 and not math.isinf(lag)
+
+
+def test_a_worker_freezes_its_fleet_and_then_collects_the_young_less_often() -> None:
+    # In its own interpreter: the collector's settings are the whole process's.
+    script = (
+        "import gc, json\n"
+        "from edgeskill.sim.worker import YOUNG_GC_THRESHOLD, _freeze_heap\n"
+        "fleet = [{'agent': i, 'state': [i]} for i in range(10_000)]\n"
+        "before = gc.get_threshold()\n"
+        "frozen = _freeze_heap()\n"
+        "print(json.dumps([before, gc.get_threshold(), frozen, YOUNG_GC_THRESHOLD]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, after, frozen, young = json.loads(done.stdout)
+    assert before[0] == 700 and after == [young, before[1], before[2]] and young > 700
+    assert frozen > 20_000  # the fleet's dicts and lists are out of the collector's sight
