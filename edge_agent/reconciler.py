@@ -14,6 +14,10 @@ Fetches run as background tasks beside supervision: while a bundle downloads
 (or a stalled hub holds it up until the transport's stall bound), each pass
 still restarts crashed skills and reports. Containments (a skill killed by a
 watchdog, a limit clamped, a failed health check) go to ``on_event``.
+
+Blocking steps that follow one another (fetch and unpack; stop, start and
+switch) share one worker thread: thousands of agents share a simulator's event
+loop, where a hop costs more than most of the steps it would carry.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from edge_agent.errors import AgentError, HealthCheckError, InstallError, SandboxError
 from edge_agent.installs import InstallStore
@@ -53,6 +60,8 @@ from protos.limits import MAX_ERROR_CHARS, MAX_VARIANT_CHARS
 from skills.errors import BundleError, ManifestError, SkillError, TrustError
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 FetchTarget = Callable[[str], Path]
 #: ``on_event(kind, reason, detail, subject)``: a refusal or containment to count and report.
@@ -289,8 +298,7 @@ class Reconciler:
         name, version = action.name, action.version
         self._set(SkillState(name, current, "installing", "", version, current))
         try:
-            bundle = await asyncio.to_thread(self.fetch_target, action.target)
-            await asyncio.to_thread(self.installs.unpack, name, version, bundle)
+            await _off_loop(functools.partial(self._fetch_and_unpack, action))
         except (SkillError, AgentError) as exc:
             # The version that runs now keeps running; the failure is reported.
             self._retry_later(name, version)
@@ -307,21 +315,66 @@ class Reconciler:
     async def _activate(self, action: Activate, current: str, want: str) -> None:
         """Start the unpacked version from its folder; switch ``current`` only if healthy."""
         name, version = action.name, action.version
-        await self._stop(name)
-        try:
-            path = await asyncio.to_thread(self.installs.version_dir, name, version)
-            proc = await asyncio.to_thread(self.launcher, path, dict(action.config))
-        except _START_ERRORS as exc:
-            self._activation_failed(name, version, current, want, str(exc))
-            return
-        try:
-            await asyncio.to_thread(self.installs.activate, name, version)
-        except InstallError as exc:
-            await asyncio.to_thread(proc.stop)
+        old = self._forget(name)
+        outcome = await _off_loop(functools.partial(self._switch, old, action))
+        if outcome.unhealthy is not None:
+            self._activation_failed(name, version, current, want, str(outcome.unhealthy))
+        elif outcome.not_switched is not None:
             self._retry_later(name, version)
-            self._set(SkillState(name, current, "failed", str(exc), version, current))
-            return
-        self._started(name, version, proc, want, current)
+            self._set(
+                SkillState(name, current, "failed", str(outcome.not_switched), version, current)
+            )
+        elif outcome.proc is not None:
+            self._started(name, version, outcome.proc, want, current)
+
+    def _fetch_and_unpack(self, action: Fetch, cancelled: threading.Event) -> None:
+        """On a worker thread: fetch and verify the bundle, then unpack it.
+
+        Raises:
+            SkillError: The fetch or its verification failed.
+            InstallError: The bundle cannot be unpacked.
+        """
+        bundle = self.fetch_target(action.target)
+        if cancelled.is_set():
+            return  # the task was cancelled during the fetch: unpack nothing, as before
+        self.installs.unpack(action.name, action.version, bundle)
+        self._rescan()
+
+    def _switch(
+        self, old: SkillProcess | None, action: Activate, cancelled: threading.Event
+    ) -> _Switch:
+        """On a worker thread: stop ``old``, start the version, and make it ``current``.
+
+        Raises:
+            InstallError: The version is not installed (other than by failing its start).
+        """
+        if old is not None:
+            old.stop()
+        name, version = action.name, action.version
+        try:
+            proc = self.launcher(self.installs.version_dir(name, version), dict(action.config))
+        except _START_ERRORS as exc:
+            return _Switch(unhealthy=exc)
+        if cancelled.is_set():  # nobody would keep or stop it: stop it, switch nothing
+            proc.stop()
+            return _Switch()
+        try:
+            self.installs.activate(name, version)
+        except InstallError as exc:
+            proc.stop()
+            return _Switch(not_switched=exc)
+        finally:
+            self._rescan()
+        return _Switch(proc)
+
+    def _rescan(self) -> None:
+        """Scan the installs while still on the worker thread of a change.
+
+        The next pass then finds the inventory cached instead of hopping to a
+        thread for it; an error is left for that pass to meet and raise.
+        """
+        with contextlib.suppress(InstallError):
+            self.installs.inventory()
 
     def _activation_failed(
         self, name: str, version: str, current: str, want: str, error: str
@@ -399,12 +452,17 @@ class Reconciler:
         self._failures[key] = Failure(name, version, self._generation, self.clock() + delay)
 
     async def _stop(self, name: str) -> None:
+        proc = self._forget(name)
+        if proc is not None:
+            await asyncio.to_thread(proc.stop)
+
+    def _forget(self, name: str) -> SkillProcess | None:
+        """Drop ``name``'s control process from the books; the caller stops it."""
         proc = self.processes.pop(name, None)
         self._process_versions.pop(name, None)
         if self._on_stopped is not None:
             self._on_stopped(name)
-        if proc is not None:
-            await asyncio.to_thread(proc.stop)
+        return proc
 
     async def _remove(self, name: str) -> None:
         await self._stop(name)
@@ -444,6 +502,30 @@ class Reconciler:
         """Version the agent reports as active for ``name``."""
         state = self.states.get(name)
         return state.version if state else ""
+
+
+@dataclass(frozen=True)
+class _Switch:
+    """How an activation's thread ended: one of the three set, or none if cancelled."""
+
+    proc: SkillProcess | None = None
+    unhealthy: Exception | None = None
+    not_switched: InstallError | None = None
+
+
+async def _off_loop(step: Callable[[threading.Event], _T]) -> _T:
+    """Run blocking steps back to back on one worker thread: one hop instead of one each.
+
+    ``step`` is handed an event set when the awaiting task is cancelled, and checks
+    it between its steps, so a cancelled task's later steps are not run, as when
+    each step was a hop of its own.
+    """
+    cancelled = threading.Event()
+    try:
+        return await asyncio.to_thread(step, cancelled)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
 
 
 def _variant(proc: SkillProcess) -> str:

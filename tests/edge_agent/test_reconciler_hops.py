@@ -1,0 +1,187 @@
+"""Worker-thread hops of an install, and the error paths of the steps that share one.
+
+A simulator worker runs thousands of agents on one event loop, where each hop
+to a worker thread costs more than the small blocking step it carries. These
+tests count the hops of an upgrade through the loop's default executor, and
+check that the steps run together on one thread still fail, report and stop
+processes as they did one hop each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_agent.errors import HealthCheckError, InstallError
+from edge_agent.installs import InstallStore
+from edge_agent.reconciler import Reconciler
+from protos import pb
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting what is handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@dataclass
+class Proc:
+    """A control process that is only a flag."""
+
+    version: str
+    alive: bool = True
+    models: dict[str, str] = field(default_factory=dict)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.alive = False
+
+
+class Launcher:
+    """Starts a :class:`Proc` for a version folder; ``unhealthy`` versions fail."""
+
+    def __init__(self, unhealthy: frozenset[str] = frozenset()) -> None:
+        self.unhealthy = unhealthy
+        self.started: list[Proc] = []
+
+    def __call__(self, skill_dir: Path, config: Mapping[str, str]) -> Proc:
+        if skill_dir.name in self.unhealthy:
+            raise HealthCheckError(f"{skill_dir.name} does not answer")
+        proc = Proc(skill_dir.name)
+        self.started.append(proc)
+        return proc
+
+
+class StuckSwitch(InstallStore):
+    """An install store whose ``current`` link cannot be switched to ``stuck``."""
+
+    stuck = "2.0.0"
+
+    def activate(self, name: str, version: str) -> None:
+        if version == self.stuck:
+            raise InstallError(f"cannot activate {name} {version}: read-only file system")
+        super().activate(name, version)
+
+
+def unpack_fake(bundle: Path, dest: Path) -> None:
+    dest.mkdir()
+    (dest / "skill.toml").write_text(bundle.name, encoding="utf-8")
+
+
+def desired(generation: int, version: str) -> pb.DesiredState:
+    msg = pb.DesiredState(generation=generation)
+    msg.skills.add(name="demo", version=version, target_name=f"demo/{version}")
+    return msg
+
+
+def make(
+    tmp_path: Path,
+    launcher: Launcher,
+    store: type[InstallStore] = InstallStore,
+    fetch: Callable[[str], Path] | None = None,
+) -> Reconciler:
+    def fetch_bundle(target: str) -> Path:
+        return tmp_path / target.replace("/", "-")
+
+    return Reconciler(
+        store(tmp_path / "installs", unpack_fake),
+        fetch or fetch_bundle,
+        launcher,  # type: ignore[arg-type]
+        lambda: None,
+        clock=lambda: 0.0,
+        supervise_s=30.0,
+    )
+
+
+def state(rec: Reconciler) -> tuple[str, str, str]:
+    s = rec.states["demo"]
+    return s.version, s.state, s.desired_version
+
+
+def test_an_upgrade_takes_one_thread_hop_to_fetch_and_one_to_switch(tmp_path: Path) -> None:
+    launcher = Launcher()
+    rec = make(tmp_path, launcher)
+
+    async def scenario() -> int:
+        executor = CountingExecutor()
+        asyncio.get_running_loop().set_default_executor(executor)
+        await rec.reconcile(desired(1, "1.0.0"))
+        before = executor.submitted
+        await rec.reconcile(desired(2, "2.0.0"))
+        hops = executor.submitted - before
+        assert state(rec) == ("2.0.0", "running", "2.0.0")
+        assert [p.alive for p in launcher.started] == [False, True]
+        await rec.shutdown()
+        return hops
+
+    # Fetch and unpack on one thread, the old process's stop, the start and the
+    # switch on another; each thread scans the installs again for the next pass.
+    assert asyncio.run(scenario()) == 2
+
+
+def test_a_version_that_fails_its_start_rolls_back_from_the_shared_thread(
+    tmp_path: Path,
+) -> None:
+    launcher = Launcher(unhealthy=frozenset({"2.0.0"}))
+    rec = make(tmp_path, launcher)
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        await rec.reconcile(desired(2, "2.0.0"))
+        assert state(rec) == ("1.0.0", "rolled_back", "2.0.0")
+        assert "does not answer" in rec.states["demo"].error
+        assert rec.installs.current("demo").version == "1.0.0"  # type: ignore[union-attr]
+        assert [p.version for p in rec.running().values()] == ["1.0.0"]
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_switch_that_fails_stops_the_new_process_and_retries_later(tmp_path: Path) -> None:
+    launcher = Launcher()
+    rec = make(tmp_path, launcher, StuckSwitch)
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        await rec.reconcile(desired(2, "2.0.0"))
+        version, st, want = state(rec)
+        assert (version, st, want) == ("1.0.0", "failed", "2.0.0")
+        assert "read-only file system" in rec.states["demo"].error
+        started_2 = [p for p in launcher.started if p.version == "2.0.0"]
+        assert started_2 and not any(p.alive for p in started_2)
+        assert ("demo", "2.0.0") in rec._failures  # backoff, not given up for good
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_cancelled_while_it_downloads_unpacks_nothing(tmp_path: Path) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow_fetch(target: str) -> Path:
+        entered.set()
+        release.wait(10.0)
+        return tmp_path / target.replace("/", "-")
+
+    rec = make(tmp_path, Launcher(), fetch=slow_fetch)
+    rec.supervise_s = 0.01
+
+    async def scenario() -> None:
+        await rec.reconcile(desired(1, "1.0.0"))
+        await asyncio.to_thread(entered.wait, 10.0)
+        await rec.shutdown()  # cancels the fetch while its thread still downloads
+        release.set()
+
+    asyncio.run(scenario())  # waits for the fetch's thread, which must stop after the fetch
+    assert not rec.installs.is_installed("demo", "1.0.0")
