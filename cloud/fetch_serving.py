@@ -8,7 +8,6 @@ the TUF repository and streams it, and maps each refusal to its wire code.
 from __future__ import annotations
 
 from collections.abc import Generator
-from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from cloud.errors import FetchRefusedError, FetchTooLargeError
@@ -56,13 +55,7 @@ def open_repository_file(
         FetchTooLargeError: the file is over ``cap``.
         FetchRefusedError: a bad path or an offset outside the file.
     """
-    parts = PurePosixPath(path).parts
-    if (
-        not parts
-        or parts[0] not in ("metadata", "targets")
-        or ".." in parts
-        or path.startswith("/")
-    ):
+    if not _under_served_folder(path):
         raise FetchRefusedError(f"bad fetch path {path!r}")
     try:
         size, fh = trust.open_file(path)
@@ -76,6 +69,21 @@ def open_repository_file(
         raise FetchRefusedError(f"offset {offset} outside {path}")
     fh.seek(offset)
     return size, _chunks(fh, chunk_bytes)
+
+
+def _under_served_folder(path: str) -> bool:
+    """Whether ``path`` is relative, under ``metadata/`` or ``targets/``, and has no ``..``.
+
+    Read as :class:`pathlib.PurePosixPath` reads it (empty and ``.`` parts dropped),
+    without building one: this runs for every fetch.
+    """
+    parts = [part for part in path.split("/") if part and part != "."]
+    return (
+        bool(parts)
+        and parts[0] in ("metadata", "targets")
+        and ".." not in parts
+        and not path.startswith("/")
+    )
 
 
 def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:

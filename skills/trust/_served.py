@@ -2,19 +2,43 @@
 
 Every path comes from a device, so it is checked before it touches the disk:
 only the two served folders, no ``..``, no escape through links.
+
+Serving is on the hub's hot path (each device fetches a handful of small files
+per upgrade), so the path is checked by its text, the served folder is resolved
+once, and the file is opened one part at a time without following links; only
+a path that passes through a link pays for resolving it, and it is served only
+if it resolves inside its folder. Small files are read whole and kept (see
+:mod:`skills.trust._file_cache`).
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 from typing import BinaryIO
 
 from skills.errors import TrustError
+from skills.trust._file_cache import SmallFileCache
 from skills.trust._names import is_safe_relpath
 
 _MAX_SERVED_PATH = 400
+#: Files up to this size are read whole at open, and cached (TUF metadata, most bundles).
+_SMALL_FILE_BYTES = 64 * 1024
+_CACHE_BYTES = 16 * 1024 * 1024
+_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_NO_LINK = getattr(os, "O_NOFOLLOW", 0)
+#: Without O_NOFOLLOW and dir_fd every path takes the resolving check.
+_CAN_REFUSE_LINKS = bool(_NO_LINK) and os.open in os.supports_dir_fd
+_DIR_FLAGS = _FLAGS | _NO_LINK | getattr(os, "O_DIRECTORY", 0)
+
+_small_files = SmallFileCache(_SMALL_FILE_BYTES, _CACHE_BYTES)
+_bases: dict[tuple[str, str], str] = {}
+_bases_lock = threading.Lock()
 
 
 class ServedFiles:
@@ -35,16 +59,28 @@ class ServedFiles:
             TrustError: The path is malformed or points outside the served folders.
             FileNotFoundError: There is no such file.
         """
-        full = self._served(path)
+        top, rest = _checked(path)
+        base = _real_base(os.fspath(self._dir), top)
+        full = f"{base}/{rest}"
+        data = _cached(full)
+        if data is not None:
+            return len(data), io.BytesIO(data)
+        fd = _open_inside(base, rest, path, top)
+        handle: BinaryIO | None = None
         try:
-            handle = full.open("rb")
-        except IsADirectoryError as exc:
-            raise FileNotFoundError(path) from exc
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            handle.close()
-            raise FileNotFoundError(path)
-        return info.st_size, handle
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise FileNotFoundError(path)
+            if info.st_size > _SMALL_FILE_BYTES:
+                handle = os.fdopen(fd, "rb")
+                return info.st_size, handle
+            # One read: a short read of a regular file is its end.
+            data = os.read(fd, info.st_size + 1)
+        finally:
+            if handle is None:
+                os.close(fd)
+        _small_files.put(full, info, data, time.time_ns())
+        return info.st_size, io.BytesIO(data)
 
     def read(self, path: str, max_bytes: int) -> bytes:
         """Read a served file whole.
@@ -68,15 +104,87 @@ class ServedFiles:
             raise TrustError(f"{path} is larger than the cap of {max_bytes} bytes")
         return data
 
-    def _served(self, path: str) -> Path:
-        top, _, rest = path.partition("/") if isinstance(path, str) else ("", "", "")
-        ok = top in {"metadata", "targets"} and is_safe_relpath(rest, _MAX_SERVED_PATH)
-        if ok and top == "metadata":
-            ok = "/" not in rest and rest.endswith(".json")
-        if not ok:
-            raise TrustError(f"bad repository path {path!r}")
-        base = (self._dir / top).resolve()
-        full = (base / rest).resolve()
-        if not full.is_relative_to(base):
-            raise TrustError(f"repository path {path!r} leaves {top}/")
-        return full
+
+def _checked(path: str) -> tuple[str, str]:
+    """Split ``path`` into its served folder and the safe relative path under it.
+
+    Raises:
+        TrustError: Not ``metadata/<name>.json`` or ``targets/<safe path>``.
+    """
+    top, _, rest = path.partition("/") if isinstance(path, str) else ("", "", "")
+    ok = top in {"metadata", "targets"} and is_safe_relpath(rest, _MAX_SERVED_PATH)
+    if ok and top == "metadata":
+        ok = "/" not in rest and rest.endswith(".json")
+    if not ok:
+        raise TrustError(f"bad repository path {path!r}")
+    return top, rest
+
+
+def _real_base(root: str, top: str) -> str:
+    """The served folder ``root/top`` with its links resolved, once per folder."""
+    key = (root, top)
+    base = _bases.get(key)
+    if base is None:
+        real = Path(root, top).resolve()
+        base = str(real)
+        if real.is_dir():  # a folder not made yet is resolved again next time
+            with _bases_lock:
+                _bases[key] = base
+    return base
+
+
+def _cached(full: str) -> bytes | None:
+    """The cached bytes of ``full`` if it is still the file they were read from."""
+    if full not in _small_files:
+        return None
+    try:
+        # Not following a last link: a link stats as itself, never as a cached file.
+        info = os.lstat(full)
+    except OSError:
+        return None
+    return _small_files.get(full, info)
+
+
+def _open_inside(base: str, rest: str, path: str, top: str) -> int:
+    """Open ``base/rest`` for reading; through a link only if it stays inside ``base``.
+
+    Raises:
+        TrustError: A link leads outside ``base``.
+        FileNotFoundError: No such file (or a file where ``rest`` names a folder).
+        OSError: Another failure to open.
+    """
+    if _CAN_REFUSE_LINKS:
+        try:
+            return _open_without_links(base, rest)
+        except OSError as exc:
+            # A link on the way: ELOOP for the file, ENOTDIR for a folder (as for a file).
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+    full = os.path.realpath(f"{base}/{rest}")
+    if not full.startswith(f"{base}/"):
+        raise TrustError(f"repository path {path!r} leaves {top}/")
+    try:
+        return os.open(full, _FLAGS)
+    except NotADirectoryError as exc:
+        raise FileNotFoundError(path) from exc
+
+
+def _open_without_links(base: str, rest: str) -> int:
+    """Open ``base/rest`` (``base`` already resolved), refusing any link in ``rest``.
+
+    Raises:
+        OSError: As :func:`os.open`: ``ELOOP`` for a link as the file, ``ENOTDIR`` for a
+            link (or a file) as a folder.
+    """
+    *folders, name = rest.split("/")
+    if not folders:
+        return os.open(f"{base}/{name}", _FLAGS | _NO_LINK)
+    dir_fd = os.open(f"{base}/{folders[0]}", _DIR_FLAGS)
+    try:
+        for folder in folders[1:]:
+            inner = os.open(folder, _DIR_FLAGS, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = inner
+        return os.open(name, _FLAGS | _NO_LINK, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -136,6 +136,19 @@ def test_fetch_refuses_paths_outside_the_repository(core: HubCore, path: str) ->
     assert fetch_error_code(info.value) == FetchErrorCode.REFUSED
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("../hub.db", "bad fetch path '../hub.db'"), ("metadata/./../x.json", "bad fetch path"),
+     ("//metadata/root.json", "bad fetch path"), ("keys/root.pem", "bad fetch path"),
+     ("./metadata/root.json", "bad repository path './metadata/root.json'"),
+     ("metadata//root.json", "bad repository path"), ("targets/a\\..\\b", "bad repository path")],
+)  # fmt: skip
+def test_fetch_refusals_keep_their_messages(core: HubCore, path: str, message: str) -> None:
+    with pytest.raises(FetchRefusedError) as info:
+        core.open_fetch(path, 0, 10**9)
+    assert str(info.value).startswith(message)
+
+
 def test_fetch_refuses_files_over_the_callers_cap(core: HubCore) -> None:
     (ref,) = core.trust.targets()
     with pytest.raises(FetchTooLargeError, match="over the 1000 byte cap") as info:
