@@ -130,7 +130,11 @@ def test_a_crashed_skill_is_restarted_while_a_fetch_hangs_on_a_stalled_hub(
     )
 
     async def scenario() -> None:
-        await rec.reconcile(_desired(1, "1.0.0"))
+        async def first_started() -> bool:  # its fetch may take more than one pass's wait
+            await rec.reconcile(_desired(1, "1.0.0"))
+            return "good" in rec.running()
+
+        await async_wait_until(first_started, 30, "1.0.0 to start")
         first = rec.running()["good"]
         await rec.reconcile(_desired(2, "2.0.0"))  # the fetch of 2.0.0 now hangs
         assert rec.states["good"].state == "installing"
