@@ -8,7 +8,8 @@ per upgrade), so the path is checked by its text, the served folder is resolved
 once, and the file is opened one part at a time without following links; only
 a path that passes through a link pays for resolving it, and it is served only
 if it resolves inside its folder. Small files are read whole and kept (see
-:mod:`skills.trust._file_cache`).
+:mod:`skills.trust._file_cache`). What is resolved and kept belongs to the
+repository's :class:`ServedFolder`, not to the process.
 """
 
 from __future__ import annotations
@@ -36,15 +37,26 @@ _NO_LINK = getattr(os, "O_NOFOLLOW", 0)
 _CAN_REFUSE_LINKS = bool(_NO_LINK) and os.open in os.supports_dir_fd
 _DIR_FLAGS = _FLAGS | _NO_LINK | getattr(os, "O_DIRECTORY", 0)
 
-_small_files = SmallFileCache(_SMALL_FILE_BYTES, _CACHE_BYTES)
-_bases: dict[tuple[str, str], str] = {}
-_bases_lock = threading.Lock()
 
+class ServedFolder:
+    """The files one repository folder serves, and what is kept to serve them cheaply.
 
-class ServedFiles:
-    """The read side of a repository folder, shared by every hub process."""
+    It keeps, for its life, the served folders resolved (once each) and the bytes of
+    small files (while ``lstat`` says they are unchanged); one per repository, so
+    repositories never share them. Safe to share between threads.
 
-    _dir: Path
+    Args:
+        root: The repository folder.
+        small_files: Where small files are kept; by default a cache of its own.
+    """
+
+    def __init__(self, root: Path, small_files: SmallFileCache | None = None) -> None:
+        self._root = os.fspath(root)
+        if small_files is None:
+            small_files = SmallFileCache(_SMALL_FILE_BYTES, _CACHE_BYTES)
+        self._small_files = small_files
+        self._bases: dict[str, str] = {}
+        self._bases_lock = threading.Lock()
 
     def open_file(self, path: str) -> tuple[int, BinaryIO]:
         """Open a served file: ``metadata/<file>`` or ``targets/<...>``.
@@ -60,9 +72,9 @@ class ServedFiles:
             FileNotFoundError: There is no such file.
         """
         top, rest = _checked(path)
-        base = _real_base(os.fspath(self._dir), top)
+        base = self._real_base(top)
         full = f"{base}/{rest}"
-        data = _cached(full)
+        data = self._cached(full)
         if data is not None:
             return len(data), io.BytesIO(data)
         fd = _open_inside(base, rest, path, top)
@@ -79,7 +91,7 @@ class ServedFiles:
         finally:
             if handle is None:
                 os.close(fd)
-        _small_files.put(full, info, data, time.time_ns())
+        self._small_files.put(full, info, data, time.time_ns())
         return info.st_size, io.BytesIO(data)
 
     def read(self, path: str, max_bytes: int) -> bytes:
@@ -104,6 +116,53 @@ class ServedFiles:
             raise TrustError(f"{path} is larger than the cap of {max_bytes} bytes")
         return data
 
+    def _real_base(self, top: str) -> str:
+        """The served folder ``top`` with its links resolved, once per folder."""
+        base = self._bases.get(top)
+        if base is None:
+            real = Path(self._root, top).resolve()
+            base = str(real)
+            if real.is_dir():  # a folder not made yet is resolved again next time
+                with self._bases_lock:
+                    self._bases[top] = base
+        return base
+
+    def _cached(self, full: str) -> bytes | None:
+        """The cached bytes of ``full`` if it is still the file they were read from."""
+        if full not in self._small_files:
+            return None
+        try:
+            # Not following a last link: a link stats as itself, never as a cached file.
+            info = os.lstat(full)
+        except OSError:
+            return None
+        return self._small_files.get(full, info)
+
+
+class ServedFiles:
+    """The read side of a repository class: serving through its :class:`ServedFolder`."""
+
+    #: Made by the repository's constructor, for the repository's folder.
+    _served: ServedFolder
+
+    def open_file(self, path: str) -> tuple[int, BinaryIO]:
+        """Open a served file (see :meth:`ServedFolder.open_file`); the caller closes it.
+
+        Raises:
+            TrustError: The path is malformed or points outside the served folders.
+            FileNotFoundError: There is no such file.
+        """
+        return self._served.open_file(path)
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        """Read a served file of at most ``max_bytes`` whole (see :meth:`ServedFolder.read`).
+
+        Raises:
+            TrustError: Bad path, or the file is larger than ``max_bytes``.
+            FileNotFoundError: There is no such file.
+        """
+        return self._served.read(path, max_bytes)
+
 
 def _checked(path: str) -> tuple[str, str]:
     """Split ``path`` into its served folder and the safe relative path under it.
@@ -118,31 +177,6 @@ def _checked(path: str) -> tuple[str, str]:
     if not ok:
         raise TrustError(f"bad repository path {path!r}")
     return top, rest
-
-
-def _real_base(root: str, top: str) -> str:
-    """The served folder ``root/top`` with its links resolved, once per folder."""
-    key = (root, top)
-    base = _bases.get(key)
-    if base is None:
-        real = Path(root, top).resolve()
-        base = str(real)
-        if real.is_dir():  # a folder not made yet is resolved again next time
-            with _bases_lock:
-                _bases[key] = base
-    return base
-
-
-def _cached(full: str) -> bytes | None:
-    """The cached bytes of ``full`` if it is still the file they were read from."""
-    if full not in _small_files:
-        return None
-    try:
-        # Not following a last link: a link stats as itself, never as a cached file.
-        info = os.lstat(full)
-    except OSError:
-        return None
-    return _small_files.get(full, info)
 
 
 def _open_inside(base: str, rest: str, path: str, top: str) -> int:

@@ -31,7 +31,7 @@ from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Tar
 from skills.errors import TrustError
 from skills.trust._files import atomic_write, clean_leftovers, exclusive_lock, stage_copy
 from skills.trust._names import check_target_name, served_path
-from skills.trust._served import ServedFiles
+from skills.trust._served import ServedFiles, ServedFolder
 
 __all__ = [
     "DEFAULT_EXPIRY_DAYS",
@@ -80,6 +80,7 @@ class TrustRepository(ServedFiles):
             expiry_days: Metadata lifetime in days per role.
         """
         self._dir = Path(root_dir)
+        self._served = ServedFolder(self._dir)
         self._meta = self._dir / "metadata"
         self._keys = self._dir / "keys"
         self._expiry = dict(expiry_days)

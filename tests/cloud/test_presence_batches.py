@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -142,28 +143,55 @@ def released() -> Iterator[list[threading.Event]]:
         event.set()
 
 
-def test_news_that_comes_while_a_batch_is_written_lands_after_it(
+@dataclass(frozen=True)
+class _HeldHeartbeat:
+    """One device, ``cam-1``, whose first presence batch is held until ``release``."""
+
+    store: Store
+    core: HubCore
+    writing: threading.Event
+    release: threading.Event
+
+    async def goes_offline_meanwhile(self) -> int:
+        """Send a heartbeat, and the news that the device went while it is being written.
+
+        Returns:
+            The time (ms) just before the heartbeat.
+        """
+        before = now_ms()
+        await self.core.heard("cam-1")
+        await async_wait_until(self.writing.is_set, 10, "the heartbeat's batch being written")
+        await self.core.disconnected("cam-1")  # while the heartbeat is on its way to the store
+        return before
+
+    def offline_but_heard_since(self, before: int) -> bool:
+        """Whether the store has the device offline, with its heartbeat's time kept."""
+        online, seen = _flag_and_seen(self.store, "cam-1")
+        return not online and seen >= before
+
+
+@pytest.fixture
+def held(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, released: list[threading.Event]
-) -> None:
+) -> _HeldHeartbeat:
     _enroll(store, "cam-1")
     core = _core(store, tmp_path)
     writing, release = _held_writes(store, monkeypatch)
     released.append(release)
+    return _HeldHeartbeat(store, core, writing, release)
 
+
+def test_news_that_comes_while_a_batch_is_written_lands_after_it(
+    held: _HeldHeartbeat,
+) -> None:
     async def run() -> None:
-        before = now_ms()
-        await core.heard("cam-1")
-        await async_wait_until(writing.is_set, 10, "the heartbeat's batch being written")
-        await core.disconnected("cam-1")  # while the heartbeat is on its way to the store
-        release.set()
-
-        def offline_but_heard() -> bool:
-            online, seen = _flag_and_seen(store, "cam-1")
-            return not online and seen >= before
-
+        before = await held.goes_offline_meanwhile()
+        held.release.set()
         # Not left waiting for more news, and not overtaken by the heartbeat.
-        await async_wait_until(offline_but_heard, 10, "the news written after the heartbeat")
-        await core.close()
+        await async_wait_until(
+            lambda: held.offline_but_heard_since(before), 10, "the news written after the heartbeat"
+        )
+        await held.core.close()
 
     asyncio.run(run())
 
@@ -221,28 +249,19 @@ def test_close_writes_the_news_still_waiting_at_once(
 
 
 def test_close_lets_the_batch_being_written_land_before_the_news_after_it(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, released: list[threading.Event]
+    held: _HeldHeartbeat,
 ) -> None:
-    _enroll(store, "cam-1")
-    core = _core(store, tmp_path)
-    writing, release = _held_writes(store, monkeypatch)
-    released.append(release)
-
     async def run() -> int:
-        before = now_ms()
-        await core.heard("cam-1")
-        await async_wait_until(writing.is_set, 10, "the heartbeat's batch being written")
-        await core.disconnected("cam-1")
-        closing = asyncio.create_task(core.close())
-        await async_wait_until(lambda: core._closing, 10, "the core closing")
-        release.set()
+        before = await held.goes_offline_meanwhile()
+        closing = asyncio.create_task(held.core.close())
+        await async_wait_until(lambda: held.core._closing, 10, "the core closing")
+        held.release.set()
         async with asyncio.timeout(10):
             await closing
         return before
 
     before = asyncio.run(run())
-    online, seen = _flag_and_seen(store, "cam-1")
-    assert not online and seen >= before
+    assert held.offline_but_heard_since(before)
 
 
 def test_closing_while_the_store_fails_tries_once_and_gives_up_logged(

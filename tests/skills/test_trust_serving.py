@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import skills.trust._file_cache as file_cache
-import skills.trust._served as served_module
 from skills.errors import TrustError
 from skills.trust import TrustRepository
 from skills.trust._file_cache import SETTLE_NS, SmallFileCache
+from skills.trust._served import ServedFolder
 
 NAME = "digits/digits-1.0.0.skill"
 
@@ -27,13 +27,24 @@ def repo(tmp_path: Path) -> TrustRepository:
 
 
 @pytest.fixture
+def small_files() -> SmallFileCache:
+    return SmallFileCache(64 * 1024, 1 << 20)
+
+
+@pytest.fixture
+def served(repo: TrustRepository, tmp_path: Path, small_files: SmallFileCache) -> ServedFolder:
+    """A fresh serving object for ``repo``'s folder, with a cache the test can look into."""
+    return ServedFolder(tmp_path / "hub", small_files)
+
+
+@pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cache files however recently written, as if published long ago."""
     monkeypatch.setattr(file_cache, "SETTLE_NS", 0)
 
 
-def _served(repo: TrustRepository, path: str) -> bytes:
-    return repo.read(path, 1 << 20)
+def _served(source: TrustRepository | ServedFolder, path: str) -> bytes:
+    return source.read(path, 1 << 20)
 
 
 def _target_path(repo: TrustRepository) -> str:
@@ -42,13 +53,15 @@ def _target_path(repo: TrustRepository) -> str:
 
 
 @pytest.mark.usefixtures("settled")
-def test_a_replaced_timestamp_is_served_new(repo: TrustRepository, tmp_path: Path) -> None:
+def test_a_replaced_timestamp_is_served_new(
+    repo: TrustRepository, served: ServedFolder, small_files: SmallFileCache, tmp_path: Path
+) -> None:
     on_disk = tmp_path / "hub" / "metadata" / "timestamp.json"
-    old = _served(repo, "metadata/timestamp.json")
-    assert str(on_disk.resolve()) in served_module._small_files
-    assert _served(repo, "metadata/timestamp.json") == old == on_disk.read_bytes()
+    old = _served(served, "metadata/timestamp.json")
+    assert str(on_disk.resolve()) in small_files
+    assert _served(served, "metadata/timestamp.json") == old == on_disk.read_bytes()
     repo.refresh_timestamp()
-    new = _served(repo, "metadata/timestamp.json")
+    new = _served(served, "metadata/timestamp.json")
     assert new != old and new == on_disk.read_bytes()
 
 
@@ -63,33 +76,50 @@ def test_a_target_rewritten_in_place_is_served_new(repo: TrustRepository, tmp_pa
 
 @pytest.mark.usefixtures("settled")
 def test_a_cached_file_replaced_by_a_link_out_is_refused(
-    repo: TrustRepository, tmp_path: Path
+    served: ServedFolder, small_files: SmallFileCache, tmp_path: Path
 ) -> None:
-    _served(repo, "metadata/1.root.json")
+    _served(served, "metadata/1.root.json")
+    link = tmp_path / "hub" / "metadata" / "1.root.json"
+    assert str(link.resolve()) in small_files
     outside = tmp_path / "secret.json"
     outside.write_bytes(b'{"secret": 1}')
-    link = tmp_path / "hub" / "metadata" / "1.root.json"
     link.unlink()
     link.symlink_to(outside)
     with pytest.raises(
         TrustError, match=re.escape("repository path 'metadata/1.root.json' leaves metadata/")
     ):
-        _served(repo, "metadata/1.root.json")
+        _served(served, "metadata/1.root.json")
 
 
 @pytest.mark.usefixtures("settled")
 def test_a_cached_folder_replaced_by_a_link_out_is_refused(
-    repo: TrustRepository, tmp_path: Path
+    repo: TrustRepository, served: ServedFolder, small_files: SmallFileCache, tmp_path: Path
 ) -> None:
     path = _target_path(repo)
-    _served(repo, path)
+    _served(served, path)
+    assert str((tmp_path / "hub" / path).resolve()) in small_files
     folder = tmp_path / "hub" / "targets" / "digits"
     moved = tmp_path / "outside"
     folder.rename(moved)
     (moved / Path(path).name).write_bytes(b"not served")
     folder.symlink_to(moved)
     with pytest.raises(TrustError, match="leaves targets/"):
-        _served(repo, path)
+        _served(served, path)
+
+
+@pytest.mark.usefixtures("settled")
+def test_each_serving_object_keeps_its_own_small_files(
+    repo: TrustRepository, served: ServedFolder, small_files: SmallFileCache, tmp_path: Path
+) -> None:
+    on_disk = str((tmp_path / "hub" / "metadata" / "root.json").resolve())
+    assert _served(repo, "metadata/root.json") == repo.root_json()  # the repository's own
+    assert on_disk not in small_files
+    other_files = SmallFileCache(64 * 1024, 1 << 20)
+    other = ServedFolder(tmp_path / "hub", other_files)
+    assert _served(served, "metadata/root.json") == repo.root_json()
+    assert on_disk in small_files and on_disk not in other_files
+    assert _served(other, "metadata/root.json") == repo.root_json()
+    assert on_disk in other_files
 
 
 def test_a_link_that_stays_inside_is_served(repo: TrustRepository, tmp_path: Path) -> None:
