@@ -16,8 +16,9 @@ still restarts crashed skills and reports. Containments (a skill killed by a
 watchdog, a limit clamped, a failed health check) go to ``on_event``.
 
 Blocking steps that follow one another (fetch and unpack; stop, start and
-switch) share one worker thread: thousands of agents share a simulator's event
-loop, where a hop costs more than most of the steps it would carry.
+switch) share one worker thread (:mod:`edge_agent._install_steps`): thousands of
+agents share a simulator's event loop, where a hop costs more than most of the
+steps it would carry. This module is the event loop's side that books their outcome.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ import dataclasses
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from edge_agent.errors import AgentError, HealthCheckError, InstallError, SandboxError
+from edge_agent._install_steps import START_ERRORS, fetch_and_unpack, off_loop, switch
+from edge_agent.errors import AgentError, InstallError
 from edge_agent.installs import InstallStore
 from edge_agent.planner import (
     UNKNOWN_GENERATION,
@@ -61,8 +61,6 @@ from skills.errors import BundleError, ManifestError, SkillError, TrustError
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-
 FetchTarget = Callable[[str], Path]
 #: ``on_event(kind, reason, detail, subject)``: a refusal or containment to count and report.
 OnEvent = Callable[[str, str, str, str], None]
@@ -73,8 +71,6 @@ RETRY_BASE_S = 3.0
 RETRY_MAX_S = 300.0
 #: Plan-and-execute rounds in one pass; a full upgrade with a rollback takes six.
 MAX_ROUNDS = 8
-
-_START_ERRORS = (HealthCheckError, SandboxError, SkillError)
 
 
 @dataclass(frozen=True)
@@ -298,7 +294,9 @@ class Reconciler:
         name, version = action.name, action.version
         self._set(SkillState(name, current, "installing", "", version, current))
         try:
-            await _off_loop(functools.partial(self._fetch_and_unpack, action))
+            await off_loop(
+                functools.partial(fetch_and_unpack, self.installs, self.fetch_target, action)
+            )
         except (SkillError, AgentError) as exc:
             # The version that runs now keeps running; the failure is reported.
             self._retry_later(name, version)
@@ -316,7 +314,9 @@ class Reconciler:
         """Start the unpacked version from its folder; switch ``current`` only if healthy."""
         name, version = action.name, action.version
         old = self._forget(name)
-        outcome = await _off_loop(functools.partial(self._switch, old, action))
+        outcome = await off_loop(
+            functools.partial(switch, self.installs, self.launcher, old, action)
+        )
         if outcome.unhealthy is not None:
             self._activation_failed(name, version, current, want, str(outcome.unhealthy))
         elif outcome.not_switched is not None:
@@ -326,55 +326,6 @@ class Reconciler:
             )
         elif outcome.proc is not None:
             self._started(name, version, outcome.proc, want, current)
-
-    def _fetch_and_unpack(self, action: Fetch, cancelled: threading.Event) -> None:
-        """On a worker thread: fetch and verify the bundle, then unpack it.
-
-        Raises:
-            SkillError: The fetch or its verification failed.
-            InstallError: The bundle cannot be unpacked.
-        """
-        bundle = self.fetch_target(action.target)
-        if cancelled.is_set():
-            return  # the task was cancelled during the fetch: unpack nothing, as before
-        self.installs.unpack(action.name, action.version, bundle)
-        self._rescan()
-
-    def _switch(
-        self, old: SkillProcess | None, action: Activate, cancelled: threading.Event
-    ) -> _Switch:
-        """On a worker thread: stop ``old``, start the version, and make it ``current``.
-
-        Raises:
-            InstallError: The version is not installed (other than by failing its start).
-        """
-        if old is not None:
-            old.stop()
-        name, version = action.name, action.version
-        try:
-            proc = self.launcher(self.installs.version_dir(name, version), dict(action.config))
-        except _START_ERRORS as exc:
-            return _Switch(unhealthy=exc)
-        if cancelled.is_set():  # nobody would keep or stop it: stop it, switch nothing
-            proc.stop()
-            return _Switch()
-        try:
-            self.installs.activate(name, version)
-        except InstallError as exc:
-            proc.stop()
-            return _Switch(not_switched=exc)
-        finally:
-            self._rescan()
-        return _Switch(proc)
-
-    def _rescan(self) -> None:
-        """Scan the installs while still on the worker thread of a change.
-
-        The next pass then finds the inventory cached instead of hopping to a
-        thread for it; an error is left for that pass to meet and raise.
-        """
-        with contextlib.suppress(InstallError):
-            self.installs.inventory()
 
     def _activation_failed(
         self, name: str, version: str, current: str, want: str, error: str
@@ -407,7 +358,7 @@ class Reconciler:
             return  # changed under us; the next round sees it
         try:
             proc = await asyncio.to_thread(self.launcher, current.path, dict(action.config))
-        except _START_ERRORS as exc:
+        except START_ERRORS as exc:
             self._health_failed(name, version, want, str(exc))
             return
         self._started(name, version, proc, want, previous)
@@ -502,30 +453,6 @@ class Reconciler:
         """Version the agent reports as active for ``name``."""
         state = self.states.get(name)
         return state.version if state else ""
-
-
-@dataclass(frozen=True)
-class _Switch:
-    """How an activation's thread ended: one of the three set, or none if cancelled."""
-
-    proc: SkillProcess | None = None
-    unhealthy: Exception | None = None
-    not_switched: InstallError | None = None
-
-
-async def _off_loop(step: Callable[[threading.Event], _T]) -> _T:
-    """Run blocking steps back to back on one worker thread: one hop instead of one each.
-
-    ``step`` is handed an event set when the awaiting task is cancelled, and checks
-    it between its steps, so a cancelled task's later steps are not run, as when
-    each step was a hop of its own.
-    """
-    cancelled = threading.Event()
-    try:
-        return await asyncio.to_thread(step, cancelled)
-    except asyncio.CancelledError:
-        cancelled.set()
-        raise
 
 
 def _variant(proc: SkillProcess) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from edge_agent.errors import HealthCheckError, InstallError
 from edge_agent.installs import InstallStore
 from edge_agent.reconciler import Reconciler
-from protos import pb
+from tests.support.desired import desired_state
 
 
 class CountingExecutor(ThreadPoolExecutor):
@@ -78,12 +78,6 @@ def unpack_fake(bundle: Path, dest: Path) -> None:
     (dest / "skill.toml").write_text(bundle.name, encoding="utf-8")
 
 
-def desired(generation: int, version: str) -> pb.DesiredState:
-    msg = pb.DesiredState(generation=generation)
-    msg.skills.add(name="demo", version=version, target_name=f"demo/{version}")
-    return msg
-
-
 def make(
     tmp_path: Path,
     launcher: Launcher,
@@ -115,9 +109,9 @@ def test_an_upgrade_takes_one_thread_hop_to_fetch_and_one_to_switch(tmp_path: Pa
     async def scenario() -> int:
         executor = CountingExecutor()
         asyncio.get_running_loop().set_default_executor(executor)
-        await rec.reconcile(desired(1, "1.0.0"))
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
         before = executor.submitted
-        await rec.reconcile(desired(2, "2.0.0"))
+        await rec.reconcile(desired_state("demo", 2, "2.0.0"))
         hops = executor.submitted - before
         assert state(rec) == ("2.0.0", "running", "2.0.0")
         assert [p.alive for p in launcher.started] == [False, True]
@@ -136,8 +130,8 @@ def test_a_version_that_fails_its_start_rolls_back_from_the_shared_thread(
     rec = make(tmp_path, launcher)
 
     async def scenario() -> None:
-        await rec.reconcile(desired(1, "1.0.0"))
-        await rec.reconcile(desired(2, "2.0.0"))
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
+        await rec.reconcile(desired_state("demo", 2, "2.0.0"))
         assert state(rec) == ("1.0.0", "rolled_back", "2.0.0")
         assert "does not answer" in rec.states["demo"].error
         assert rec.installs.current("demo").version == "1.0.0"  # type: ignore[union-attr]
@@ -152,8 +146,8 @@ def test_a_switch_that_fails_stops_the_new_process_and_retries_later(tmp_path: P
     rec = make(tmp_path, launcher, StuckSwitch)
 
     async def scenario() -> None:
-        await rec.reconcile(desired(1, "1.0.0"))
-        await rec.reconcile(desired(2, "2.0.0"))
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
+        await rec.reconcile(desired_state("demo", 2, "2.0.0"))
         version, st, want = state(rec)
         assert (version, st, want) == ("1.0.0", "failed", "2.0.0")
         assert "read-only file system" in rec.states["demo"].error
@@ -178,7 +172,7 @@ def test_a_fetch_cancelled_while_it_downloads_unpacks_nothing(tmp_path: Path) ->
     rec.supervise_s = 0.01
 
     async def scenario() -> None:
-        await rec.reconcile(desired(1, "1.0.0"))
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
         await asyncio.to_thread(entered.wait, 10.0)
         await rec.shutdown()  # cancels the fetch while its thread still downloads
         release.set()

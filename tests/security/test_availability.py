@@ -31,6 +31,7 @@ from protos import make_envelope, pb
 from skills.errors import FetchError
 from skills.manifest import Manifest
 from tests.support import async_wait_until
+from tests.support.desired import desired_state
 
 GOOD = """
 from skills.sdk import Skill
@@ -100,12 +101,6 @@ def _source(root: Path, version: str) -> Path:
     return folder
 
 
-def _desired(generation: int, version: str) -> pb.DesiredState:
-    msg = pb.DesiredState(generation=generation)
-    msg.skills.add(name="good", version=version, target_name=f"good/{version}")
-    return msg
-
-
 def test_a_crashed_skill_is_restarted_while_a_fetch_hangs_on_a_stalled_hub(
     tmp_path: Path,
 ) -> None:
@@ -131,24 +126,24 @@ def test_a_crashed_skill_is_restarted_while_a_fetch_hangs_on_a_stalled_hub(
 
     async def scenario() -> None:
         async def first_started() -> bool:  # its fetch may take more than one pass's wait
-            await rec.reconcile(_desired(1, "1.0.0"))
+            await rec.reconcile(desired_state("good", 1, "1.0.0"))
             return "good" in rec.running()
 
         await async_wait_until(first_started, 30, "1.0.0 to start")
         first = rec.running()["good"]
-        await rec.reconcile(_desired(2, "2.0.0"))  # the fetch of 2.0.0 now hangs
+        await rec.reconcile(desired_state("good", 2, "2.0.0"))  # the fetch of 2.0.0 now hangs
         assert rec.states["good"].state == "installing"
         os.kill(first.pid, 9)  # the skill crashes while the hub stalls
         await async_wait_until(lambda: not first.alive, 5, "the skill to die")
         started = time.monotonic()
-        await rec.reconcile(_desired(2, "2.0.0"))
+        await rec.reconcile(desired_state("good", 2, "2.0.0"))
         second = rec.running()["good"]
         assert second is not first and second.process({})[0] == {"answer": 42}
         assert time.monotonic() - started < stall_s / 2  # not held up by the fetch
         assert events[0][:2] == ("sandbox", "crashed")
 
         async def fetch_failed() -> bool:
-            await rec.reconcile(_desired(2, "2.0.0"))
+            await rec.reconcile(desired_state("good", 2, "2.0.0"))
             return rec.states["good"].state == "failed"
 
         await async_wait_until(fetch_failed, 3 * stall_s, "the stalled fetch to fail")
