@@ -3,11 +3,15 @@
 The TUF client downloads synchronously from a worker thread; :class:`HubLink`
 carries each download over to the agent's event loop and whatever transport
 is connected at that moment, and turns every failure into a ``FetchError``.
+Several small files can go in one hop, all in flight together
+(:meth:`HubLink.fetch_many`): each hop and each round trip adds to the time a
+device takes to run a new version.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport
@@ -22,7 +26,8 @@ class HubLink:
     """The agent's current hub session, for code on worker threads (the TUF client).
 
     The TUF client fetches synchronously; :meth:`fetch` runs the download on
-    the agent's event loop through whatever transport is connected now.
+    the agent's event loop through whatever transport is connected now, and
+    :meth:`fetch_many` several downloads at once.
 
     Args:
         max_bytes: Largest file fetched, whatever the caller asks for.
@@ -51,9 +56,7 @@ class HubLink:
             FileNotFoundError: the hub has no such file.
             FetchError: not connected, or the transfer failed or timed out.
         """
-        transport, loop = self.transport, self._loop
-        if transport is None or loop is None:
-            raise FetchError("not connected to the hub")
+        transport, loop = self._connected()
         cap = min(max_bytes, self.max_bytes)
         future = asyncio.run_coroutine_threadsafe(transport.fetch(path, cap), loop)
         try:
@@ -63,3 +66,57 @@ class HubLink:
         except TimeoutError as exc:
             future.cancel()
             raise FetchError(f"fetch of {path} timed out") from exc
+
+    def fetch_many(self, requests: Sequence[tuple[str, int]]) -> list[bytes | FetchError | None]:
+        """Fetch several hub files at once, in one hop; call from a worker thread.
+
+        Every file is in flight together, each capped as :meth:`fetch` caps it.
+
+        Args:
+            requests: ``(path, max_bytes)`` of each file.
+
+        Returns:
+            For each request in order: the file, None when the hub has no such
+            file, or the ``FetchError`` :meth:`fetch` would have raised for it.
+
+        Raises:
+            FetchError: not connected, or the files were not all in within the timeout.
+        """
+        transport, loop = self._connected()
+        asks = [(path, min(max_bytes, self.max_bytes)) for path, max_bytes in requests]
+        future = asyncio.run_coroutine_threadsafe(_fetch_all(transport, asks), loop)
+        try:
+            return future.result(self.timeout_s)
+        except TimeoutError as exc:
+            future.cancel()
+            paths = ", ".join(path for path, _ in asks)
+            raise FetchError(f"fetch of {paths} timed out") from exc
+
+    def _connected(self) -> tuple[AgentTransport, asyncio.AbstractEventLoop]:
+        transport, loop = self.transport, self._loop
+        if transport is None or loop is None:
+            raise FetchError("not connected to the hub")
+        return transport, loop
+
+
+async def _fetch_all(
+    transport: AgentTransport, asks: Sequence[tuple[str, int]]
+) -> list[bytes | FetchError | None]:
+    # Bounded as one fetch is: by each transport fetch's own deadline, and by the
+    # caller's wait (fetch_many's timeout_s), which cancels this on expiry.
+    tasks = [asyncio.ensure_future(_fetch_one(transport, path, cap)) for path, cap in asks]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        # Cancelled, or one failed unexpectedly: the others end with it.
+        for task in tasks:
+            task.cancel()
+
+
+async def _fetch_one(transport: AgentTransport, path: str, cap: int) -> bytes | FetchError | None:
+    try:
+        return await transport.fetch(path, cap)
+    except FileNotFoundError:
+        return None
+    except TransportError as exc:
+        return FetchError(str(exc))

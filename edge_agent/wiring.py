@@ -220,7 +220,9 @@ def build_agent(
     except OSError as exc:
         raise AgentError(f"cannot create the state folder {state}: {exc}") from exc
     link = HubLink(config.max_bundle_bytes)
-    trust = TrustClient(state / TRUST_DIR, link.fetch, trusted_root=root)
+    trust = TrustClient(
+        state / TRUST_DIR, link.fetch, trusted_root=root, fetch_many=link.fetch_many
+    )
     if source is None and config.source is not None:
         from edge_agent.adapters import load_input  # noqa: PLC0415 - numpy: only with a source
 

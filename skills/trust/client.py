@@ -2,7 +2,10 @@
 
 The client does no networking itself. It is given a plain fetch function that
 goes over the agent's hub connection; :class:`_HubFetcher` adapts it to
-ngclient's ``FetcherInterface`` under the ``edgeskill:///`` URL scheme.
+ngclient's ``FetcherInterface`` under the ``edgeskill:///`` URL scheme. Given
+also a batch form (:data:`FetchManyFn`), each refresh asks for the two files
+ngclient asks for first, the next root and the timestamp, in one trip; ngclient
+is handed each answer when it asks for that file, and verifies in its own order.
 
 ``Updater`` is synchronous and refreshes once per instance. The client keeps
 the updater of its last refresh, and with it the verified metadata
@@ -15,7 +18,7 @@ updater. Call it from a worker thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,15 +32,25 @@ from skills.trust._files import stage_copy
 from skills.trust._names import check_target_name
 from skills.trust._warm import Verified, VerifiedLoads, disk_mark
 
-__all__ = ["FetchFn", "TrustClient", "TrustLimits"]
+__all__ = ["FetchFn", "FetchManyFn", "FetchResult", "TrustClient", "TrustLimits"]
 
 FetchFn = Callable[[str, int], bytes]
 """``(path, max_bytes) -> bytes`` for paths like ``metadata/timestamp.json`` or
 ``targets/...``; raises ``FileNotFoundError`` when the hub has no such file and
 :class:`~skills.errors.FetchError` on any other failure."""
 
+FetchResult = bytes | FetchError | None
+"""One answer of a :data:`FetchManyFn`: the file, None when the hub has no such file,
+or the :class:`~skills.errors.FetchError` a :data:`FetchFn` would have raised."""
+
+FetchManyFn = Callable[[Sequence[tuple[str, int]]], Sequence[FetchResult]]
+"""``[(path, max_bytes), ...] -> [answer, ...]``: the files fetched together, in one
+trip, each capped and answered (:data:`FetchResult`, in order) as :data:`FetchFn`
+would; raises :class:`~skills.errors.FetchError` when none could be asked."""
+
 _SCHEME = "edgeskill:///"
 _TIMESTAMP = "metadata/timestamp.json"
+_ROOT_SUFFIX = ".root.json"
 _FOREIGN_ROOT_HINT = (
     "the hub's TUF metadata is not signed by the keys in the trusted root "
     "(is the trusted root this hub's root.json?)"
@@ -80,15 +93,19 @@ class TrustLimits:
 class _HubFetcher(FetcherInterface):
     """ngclient's network hook, backed by the agent's fetch function."""
 
-    def __init__(self, fetch: FetchFn, limits: TrustLimits) -> None:
+    def __init__(
+        self, fetch: FetchFn, limits: TrustLimits, fetch_many: FetchManyFn | None = None
+    ) -> None:
         self._fetch_fn = fetch
+        self._fetch_many = fetch_many
         self._limits = limits
         # Lowered to the signed length before a target download, so a hostile
         # hub cannot make us hold more than the metadata promised.
         self.target_cap = limits.max_target_bytes
         # The hub's answers already fetched in this refresh (None: it has no such
-        # file), each handed to ngclient once instead of asked for again.
-        self.answered: dict[str, bytes | None] = {}
+        # file; an error: the fetch failed), each handed to ngclient once instead
+        # of asked for again.
+        self.answered: dict[str, FetchResult] = {}
         self.last_timestamp: bytes | None = None
 
     def start_call(self) -> None:
@@ -113,6 +130,24 @@ class _HubFetcher(FetcherInterface):
         self.answered[path] = data
         return data
 
+    def prefetch(self, paths: Sequence[str]) -> None:
+        """Fetch ``paths`` in one trip, each under its own cap, for ngclient to be handed.
+
+        Does nothing without a batch fetch function. A failure is kept as the
+        answer of each path, raised when that path is asked for, as a fetch of it
+        alone would have raised it.
+        """
+        if self._fetch_many is None:
+            return
+        try:
+            answers = list(self._fetch_many([(path, self._cap(path)) for path in paths]))
+        except FetchError as exc:
+            answers = [exc] * len(paths)
+        if len(answers) != len(paths):
+            failed = FetchError(f"asked for {len(paths)} files, answered {len(answers)}")
+            answers = [failed] * len(paths)
+        self.answered.update(zip(paths, answers, strict=True))
+
     def _cap(self, path: str) -> int:
         if path.startswith("targets/"):
             return self.target_cap
@@ -133,6 +168,8 @@ class _HubFetcher(FetcherInterface):
         cap = self._cap(path)
         if path in self.answered:
             data = self.answered.pop(path)
+            if isinstance(data, FetchError):
+                raise data
         else:
             try:
                 data = self._fetch_fn(path, cap)
@@ -147,6 +184,11 @@ class _HubFetcher(FetcherInterface):
             )
         if path == _TIMESTAMP:
             self.last_timestamp = data
+        elif path.startswith("metadata/") and path.endswith(_ROOT_SUFFIX):
+            # A new root: ngclient now walks the chain on before it asks for the
+            # timestamp, so one fetched beside this root may predate what the walk
+            # ends at; it is asked for again after the walk.
+            self.answered.pop(_TIMESTAMP, None)
         return iter((data,))
 
 
@@ -164,6 +206,8 @@ class TrustClient:
         fetch: FetchFn,
         trusted_root: bytes | None = None,
         limits: TrustLimits | None = None,
+        *,
+        fetch_many: FetchManyFn | None = None,
     ) -> None:
         """Prepare the state folder.
 
@@ -173,6 +217,8 @@ class TrustClient:
             trusted_root: Root metadata to trust on first use; ignored once the
                 state folder has a root of its own (which may be newer).
             limits: Download caps; the defaults of :class:`TrustLimits` if None.
+            fetch_many: Fetches several hub files in one trip (see :data:`FetchManyFn`);
+                without it every file is a trip of its own.
 
         Raises:
             TrustError: Neither the state folder nor ``trusted_root`` has a root,
@@ -183,7 +229,7 @@ class TrustClient:
         self._metadata_dir = Path(state_dir) / "metadata"
         self._targets_dir = Path(state_dir) / "targets"
         self._verified_dir = Path(state_dir) / "verified"
-        self._fetcher = _HubFetcher(fetch, self._limits)
+        self._fetcher = _HubFetcher(fetch, self._limits, fetch_many)
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
         self._verified: Verified | None = None
@@ -285,6 +331,9 @@ class TrustClient:
                 return kept.updater
             loads = kept.loads.next() if kept is not None else VerifiedLoads()
             updater = self._updater()
+            # The updater parsed the root it starts from; python-tuf 7.0.1 (pinned in
+            # pyproject) keeps it in its TrustedMetadataSet, so no second parse.
+            self._ask_ahead(updater._trusted_set.root.version)
             loads.install(updater)
             updater.refresh()
             disk = disk_mark(self._metadata_dir)
@@ -305,18 +354,37 @@ class TrustClient:
             DownloadError: The hub could not be asked (ngclient would fail the same way).
             OSError: The state folder cannot be examined.
         """
-        next_root = f"{kept.next_root_version}.root.json"
         if (
             not kept.final_at(datetime.now(UTC))
             or disk_mark(self._metadata_dir) != kept.disk
-            or (self._metadata_dir / "root_history" / next_root).exists()
+            or not self._ask_ahead(kept.root.version)
         ):
             return False
         # The spec's client workflow looks for root N+1 on every refresh (5.3), so
         # a rotation, or a revoked key, is never missed while nothing else changed.
-        if self._fetcher.get(f"metadata/{next_root}") is not None:
+        if self._fetcher.get(f"metadata/{kept.next_root_version}{_ROOT_SUFFIX}") is not None:
             return False
         return self._fetcher.get(_TIMESTAMP) == kept.timestamp_bytes
+
+    def _ask_ahead(self, root_version: int) -> bool:
+        """Ask the hub in one trip for the files a refresh from root ``root_version`` asks first.
+
+        Those are root N+1 and, when the hub has none, the timestamp. Neither
+        answer is verified against the other, so asking for both at once changes
+        when the bytes arrive, not what ngclient verifies or in what order.
+        Nothing is asked when this call has asked the hub already (its answers
+        are ngclient's), or without a batch fetch.
+
+        Returns:
+            False, asking nothing, when ``root_history`` holds root N+1: ngclient
+            takes that one from disk and asks the hub for N+2 instead.
+        """
+        next_root = f"{root_version + 1}{_ROOT_SUFFIX}"
+        if (self._metadata_dir / "root_history" / next_root).exists():
+            return False
+        if not self._fetcher.answered:
+            self._fetcher.prefetch((f"metadata/{next_root}", _TIMESTAMP))
+        return True
 
     def _fetch_verified(self, name: str) -> Path:
         updater = self._refresh()

@@ -22,6 +22,7 @@ from paho.mqtt.properties import Properties
 
 from cloud.mqtt_client import clear_retained
 from edge_agent.errors import TransportError
+from edge_agent.hublink import HubLink
 from edge_agent.transport import FetchAborted, FetchLimits, open_transport
 from edge_agent.transport.mqtt import MqttAgentTransport
 from protos import decode_envelope, encode_envelope, make_envelope, pb
@@ -291,6 +292,32 @@ def test_fetch_of_a_missing_file_raises_file_not_found(url: str) -> None:
         hub.serve = missing
         with pytest.raises(FileNotFoundError):
             await t.fetch("targets/none", 1000)
+
+    run_with(url, body)
+
+
+def test_a_hub_link_batch_reaches_the_hub_with_every_request_at_once(url: str) -> None:
+    timestamp = b"t" * 3000
+    both_asked = threading.Barrier(2, timeout=5)  # each request is served on its own thread
+
+    def serve(hub: ScriptedHub, request: Request) -> None:
+        both_asked.wait()
+        if request.req.path == "metadata/timestamp.json":
+            serve_file(timestamp)(hub, request)
+        else:
+            not_found = pb.Error(code=FetchErrorCode.NOT_FOUND, message="no")
+            hub.reply(request, not_found.SerializeToString(), ERROR_CONTENT_TYPE)
+
+    async def body(t: MqttAgentTransport, hub: ScriptedHub) -> None:
+        await asyncio.wait_for(t.receive(), 5)
+        hub.serve = serve
+        link = HubLink(max_bytes=1 << 20)
+        link.attach(t)
+        requests = [("metadata/2.root.json", 1 << 19), ("metadata/timestamp.json", 1 << 14)]
+        async with asyncio.timeout(30):
+            got = await asyncio.to_thread(link.fetch_many, requests)
+        assert got == [None, timestamp]
+        assert len(hub.requests) == 2
 
     run_with(url, body)
 
