@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,39 @@ def test_unpack_is_idempotent(tmp_path: Path) -> None:
     marker = json.loads((first / MARKER).read_text())
     assert marker["version"] == "1.0.0"
     assert marker["files"]["control/main.py"] == len("VERSION = '1.0.0'\n")
+
+
+def test_the_marker_records_every_file_at_any_depth(tmp_path: Path) -> None:
+    store = store_at(tmp_path / "state")
+    nested = {"models/a/b/c/weights.bin": b"w" * 77, "control/lib/util.py": b"x = 1\n"}
+    first = store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0", nested))
+    files = json.loads((first / MARKER).read_text())["files"]
+    assert files["models/a/b/c/weights.bin"] == 77
+    assert files["control/lib/util.py"] == len(b"x = 1\n")
+    assert files["models/onnx-cpu/model.onnx"] == len(b"1.0.0" * 1000)
+    assert set(files) == {"skill.toml", "control/main.py", "models/onnx-cpu/model.onnx", *nested}
+
+
+@pytest.mark.parametrize(
+    ("plant", "refusal"),
+    [
+        (lambda d: (d / "control/escape").symlink_to("/etc/passwd"), "contains a link"),
+        (lambda d: os.mkfifo(d / "models/pipe"), "special file"),
+    ],
+    ids=["link", "fifo"],
+)
+def test_an_unpack_that_leaves_a_link_or_a_special_file_installs_nothing(
+    tmp_path: Path, plant: Callable[[Path], None], refusal: str
+) -> None:
+    def planting(bundle: Path, dest: Path) -> None:
+        tar_install(bundle, dest)
+        plant(dest)
+
+    root = tmp_path / "state"
+    store = InstallStore(root, planting)
+    with pytest.raises(InstallError, match=refusal):
+        store.unpack("cam", "1.0.0", make_bundle(tmp_path, "1.0.0"))
+    assert list((root / "skills").iterdir()) == []
 
 
 def test_failed_unpack_leaves_nothing(tmp_path: Path) -> None:
