@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport
 from skills.errors import FetchError
 
-__all__ = ["HubLink"]
+if TYPE_CHECKING:
+    from skills.trust.client import FollowFn
 
+__all__ = ["MAX_TRIPS", "HubLink"]
+
+#: Trips one :meth:`HubLink.fetch_many` makes at most (a TUF refresh and its bundle: 4).
+MAX_TRIPS = 6
 _FETCH_TIMEOUT_S = 330.0  # the transports' 300 s deadline, plus margin; stalls end in 15 s
 
 
@@ -67,24 +73,33 @@ class HubLink:
             future.cancel()
             raise FetchError(f"fetch of {path} timed out") from exc
 
-    def fetch_many(self, requests: Sequence[tuple[str, int]]) -> list[bytes | FetchError | None]:
+    def fetch_many(
+        self, requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[bytes | FetchError | None]:
         """Fetch several hub files at once, in one hop; call from a worker thread.
 
         Every file is in flight together, each capped as :meth:`fetch` caps it.
+        With ``follow``, more trips follow on the event loop, still in the one hop:
+        each trip's answers go to ``follow``, whose requests make the next trip
+        (at most :data:`MAX_TRIPS` in all).
 
         Args:
             requests: ``(path, max_bytes)`` of each file.
+            follow: Given a trip's answers, the next trip's requests (none: done);
+                it runs on the event loop, so it must be quick and never raise.
 
         Returns:
-            For each request in order: the file, None when the hub has no such
-            file, or the ``FetchError`` :meth:`fetch` would have raised for it.
+            For each request in order, those of later trips after: the file, None
+            when the hub has no such file, or the ``FetchError`` :meth:`fetch`
+            would have raised for it.
 
         Raises:
             FetchError: not connected, or the files were not all in within the timeout.
         """
         transport, loop = self._connected()
         asks = [(path, min(max_bytes, self.max_bytes)) for path, max_bytes in requests]
-        future = asyncio.run_coroutine_threadsafe(_fetch_all(transport, asks), loop)
+        work = _fetch_trips(transport, asks, follow, self.max_bytes)
+        future = asyncio.run_coroutine_threadsafe(work, loop)
         try:
             return future.result(self.timeout_s)
         except TimeoutError as exc:
@@ -97,6 +112,24 @@ class HubLink:
         if transport is None or loop is None:
             raise FetchError("not connected to the hub")
         return transport, loop
+
+
+async def _fetch_trips(
+    transport: AgentTransport,
+    asks: Sequence[tuple[str, int]],
+    follow: FollowFn | None,
+    max_bytes: int,
+) -> list[bytes | FetchError | None]:
+    answers: list[bytes | FetchError | None] = []
+    for trips in range(1, MAX_TRIPS + 1):
+        trip = await _fetch_all(transport, asks)
+        answers += trip
+        if follow is None or trips == MAX_TRIPS:
+            break  # follow is asked only for a trip that will be made
+        asks = [(path, min(cap, max_bytes)) for path, cap in follow(trip)]
+        if not asks:
+            break
+    return answers
 
 
 async def _fetch_all(

@@ -1,11 +1,13 @@
 """The agent's side of TUF: verify every hub file through ``tuf.ngclient``.
 
-The client does no networking itself. It is given a plain fetch function that
-goes over the agent's hub connection; :class:`_HubFetcher` adapts it to
-ngclient's ``FetcherInterface`` under the ``edgeskill:///`` URL scheme. Given
-also a batch form (:data:`FetchManyFn`), each refresh asks for the two files
-ngclient asks for first, the next root and the timestamp, in one trip; ngclient
-is handed each answer when it asks for that file, and verifies in its own order.
+The client does no networking itself: it is given fetch functions that go over
+the agent's hub connection (:mod:`skills.trust._fetcher`). Given also a batch form
+(:class:`FetchManyFn`), a refresh asks in one trip for the two files ngclient asks
+for first, the next root and the timestamp, and, when the timestamp is new, goes
+on in the same batch to the files ngclient will ask for next, guessed from the
+answers not yet verified (:mod:`skills.trust._ahead`): the snapshot, the targets
+and the bundle. ngclient is handed each answer when it asks for that very file,
+and verifies everything in its own order, as it verifies any download.
 
 ``Updater`` is synchronous and refreshes once per instance. The client keeps
 the updater of its last refresh, and with it the verified metadata
@@ -18,178 +20,37 @@ updater. Call it from a worker thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib import parse
 
 from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, Root, TargetFile
-from tuf.ngclient import FetcherInterface, Updater, UpdaterConfig
+from tuf.ngclient import Updater, UpdaterConfig
 
 from skills.errors import FetchError, SkillError, TrustError
+from skills.trust._ahead import Guess
+from skills.trust._fetcher import (
+    ROOT_SUFFIX,
+    SCHEME,
+    TIMESTAMP,
+    FetchFn,
+    FetchManyFn,
+    FetchResult,
+    FollowFn,
+    HubFetcher,
+    TrustLimits,
+)
 from skills.trust._files import stage_copy
 from skills.trust._names import check_target_name
 from skills.trust._warm import Verified, VerifiedLoads, disk_mark
 
-__all__ = ["FetchFn", "FetchManyFn", "FetchResult", "TrustClient", "TrustLimits"]
+__all__ = ["FetchFn", "FetchManyFn", "FetchResult", "FollowFn", "TrustClient", "TrustLimits"]
 
-FetchFn = Callable[[str, int], bytes]
-"""``(path, max_bytes) -> bytes`` for paths like ``metadata/timestamp.json`` or
-``targets/...``; raises ``FileNotFoundError`` when the hub has no such file and
-:class:`~skills.errors.FetchError` on any other failure."""
-
-FetchResult = bytes | FetchError | None
-"""One answer of a :data:`FetchManyFn`: the file, None when the hub has no such file,
-or the :class:`~skills.errors.FetchError` a :data:`FetchFn` would have raised."""
-
-FetchManyFn = Callable[[Sequence[tuple[str, int]]], Sequence[FetchResult]]
-"""``[(path, max_bytes), ...] -> [answer, ...]``: the files fetched together, in one
-trip, each capped and answered (:data:`FetchResult`, in order) as :data:`FetchFn`
-would; raises :class:`~skills.errors.FetchError` when none could be asked."""
-
-_SCHEME = "edgeskill:///"
-_TIMESTAMP = "metadata/timestamp.json"
-_ROOT_SUFFIX = ".root.json"
 _FOREIGN_ROOT_HINT = (
     "the hub's TUF metadata is not signed by the keys in the trusted root "
     "(is the trusted root this hub's root.json?)"
 )
-_NOT_FOUND = 404
-_KIB = 1024
-_MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class TrustLimits:
-    """Caps on what the client downloads, in bytes.
-
-    Attributes:
-        max_root_bytes: One root metadata file.
-        max_timestamp_bytes: The timestamp metadata.
-        max_snapshot_bytes: One snapshot metadata file.
-        max_targets_bytes: One targets metadata file.
-        max_target_bytes: One target file (a skill bundle).
-    """
-
-    max_root_bytes: int = 512 * _KIB
-    max_timestamp_bytes: int = 16 * _KIB
-    max_snapshot_bytes: int = 2 * _MIB
-    max_targets_bytes: int = 16 * _MIB
-    max_target_bytes: int = 512 * _MIB
-
-    def __post_init__(self) -> None:
-        """Refuse caps that are not positive whole numbers.
-
-        Raises:
-            ValueError: A cap is not a positive int.
-        """
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
-
-
-class _HubFetcher(FetcherInterface):
-    """ngclient's network hook, backed by the agent's fetch function."""
-
-    def __init__(
-        self, fetch: FetchFn, limits: TrustLimits, fetch_many: FetchManyFn | None = None
-    ) -> None:
-        self._fetch_fn = fetch
-        self._fetch_many = fetch_many
-        self._limits = limits
-        # Lowered to the signed length before a target download, so a hostile
-        # hub cannot make us hold more than the metadata promised.
-        self.target_cap = limits.max_target_bytes
-        # The hub's answers already fetched in this refresh (None: it has no such
-        # file; an error: the fetch failed), each handed to ngclient once instead
-        # of asked for again.
-        self.answered: dict[str, FetchResult] = {}
-        self.last_timestamp: bytes | None = None
-
-    def start_call(self) -> None:
-        """Forget the previous call's target cap and answers."""
-        self.target_cap = self._limits.max_target_bytes
-        self.answered.clear()
-        self.last_timestamp = None
-
-    def get(self, path: str) -> bytes | None:
-        """Fetch ``path`` and remember the answer; None when the hub has no such file.
-
-        Raises:
-            DownloadError: Any other failure, as ngclient would see it.
-        """
-        try:
-            data = self.download_bytes(f"{_SCHEME}{path}", self._cap(path))
-        except tuf_errors.DownloadHTTPError as exc:
-            if exc.status_code != _NOT_FOUND:
-                raise
-            self.answered[path] = None
-            return None
-        self.answered[path] = data
-        return data
-
-    def prefetch(self, paths: Sequence[str]) -> None:
-        """Fetch ``paths`` in one trip, each under its own cap, for ngclient to be handed.
-
-        Does nothing without a batch fetch function. A failure is kept as the
-        answer of each path, raised when that path is asked for, as a fetch of it
-        alone would have raised it.
-        """
-        if self._fetch_many is None:
-            return
-        try:
-            answers = list(self._fetch_many([(path, self._cap(path)) for path in paths]))
-        except FetchError as exc:
-            answers = [exc] * len(paths)
-        if len(answers) != len(paths):
-            failed = FetchError(f"asked for {len(paths)} files, answered {len(answers)}")
-            answers = [failed] * len(paths)
-        self.answered.update(zip(paths, answers, strict=True))
-
-    def _cap(self, path: str) -> int:
-        if path.startswith("targets/"):
-            return self.target_cap
-        role = path.removesuffix(".json").rsplit(".", 1)[-1].rsplit("/", 1)[-1]
-        caps = {
-            "root": self._limits.max_root_bytes,
-            "timestamp": self._limits.max_timestamp_bytes,
-            "snapshot": self._limits.max_snapshot_bytes,
-        }
-        return caps.get(role, self._limits.max_targets_bytes)
-
-    # Deliberately not a generator: errors must surface inside fetch(), which
-    # wraps anything that is not a DownloadError.
-    def _fetch(self, url: str) -> Iterator[bytes]:
-        if not url.startswith(_SCHEME):
-            raise tuf_errors.DownloadError(f"unexpected URL {url!r}")
-        path = url.removeprefix(_SCHEME)
-        cap = self._cap(path)
-        if path in self.answered:
-            data = self.answered.pop(path)
-            if isinstance(data, FetchError):
-                raise data
-        else:
-            try:
-                data = self._fetch_fn(path, cap)
-            except FileNotFoundError:
-                data = None
-        if data is None:
-            # ngclient ends the root-rotation walk on a 403/404.
-            raise tuf_errors.DownloadHTTPError(f"hub has no {path}", _NOT_FOUND)
-        if len(data) > cap:
-            raise tuf_errors.DownloadLengthMismatchError(
-                f"hub sent {len(data)} bytes for {path}, over the cap of {cap}"
-            )
-        if path == _TIMESTAMP:
-            self.last_timestamp = data
-        elif path.startswith("metadata/") and path.endswith(_ROOT_SUFFIX):
-            # A new root: ngclient now walks the chain on before it asks for the
-            # timestamp, so one fetched beside this root may predate what the walk
-            # ends at; it is asked for again after the walk.
-            self.answered.pop(_TIMESTAMP, None)
-        return iter((data,))
 
 
 class TrustClient:
@@ -229,7 +90,7 @@ class TrustClient:
         self._metadata_dir = Path(state_dir) / "metadata"
         self._targets_dir = Path(state_dir) / "targets"
         self._verified_dir = Path(state_dir) / "verified"
-        self._fetcher = _HubFetcher(fetch, self._limits, fetch_many)
+        self._fetcher = HubFetcher(fetch, self._limits, fetch_many)
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
         self._verified: Verified | None = None
@@ -273,6 +134,8 @@ class TrustClient:
                 return self._fetch_verified(name)
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate(name, exc, first_contact=self._first_contact()) from exc
+            finally:
+                self._fetcher.answered.clear()
 
     def refresh(self) -> None:
         """Refresh the metadata chain without fetching a target.
@@ -317,16 +180,18 @@ class TrustClient:
             raise TrustError(f"trusted root holds {root.signed.type!r} metadata")
         return root.signed.version
 
-    def _refresh(self) -> Updater:
+    def _refresh(self, target: str | None = None) -> Updater:
         """Refresh the metadata; return an updater holding what is now trusted.
 
         What was kept is dropped first and kept again only by a refresh that
         succeeds, so after any failure the next refresh is ngclient's own, from disk.
+        ``target``, the bundle about to be fetched, may be fetched ahead with the
+        metadata; it stays in the fetcher's answers for the download.
         """
         kept, self._verified = self._verified, None
         self._fetcher.start_call()
         try:
-            if kept is not None and self._unchanged(kept):
+            if kept is not None and self._unchanged(kept, target):
                 self._verified = kept
                 return kept.updater
             loads = kept.loads.next() if kept is not None else VerifiedLoads()
@@ -342,13 +207,15 @@ class TrustClient:
                 self._verified = Verified.capture(updater, timestamp, disk, loads)
             return updater
         finally:
-            self._fetcher.answered.clear()
+            self._fetcher.forget_metadata()
 
-    def _unchanged(self, kept: Verified) -> bool:
+    def _unchanged(self, kept: Verified, target: str | None) -> bool:
         """Whether ngclient's refresh now would keep ``kept`` as it is, writing nothing.
 
-        It asks the hub for the next root and the timestamp, as ngclient's would;
-        the answers are kept for the full refresh when the result is False.
+        It asks the hub for the next root and the timestamp, as ngclient's would,
+        and, when the timestamp is new, what the full refresh will ask for after it
+        (see :class:`~skills.trust._ahead.Guess`); the answers are kept for the full
+        refresh when the result is False.
 
         Raises:
             DownloadError: The hub could not be asked (ngclient would fail the same way).
@@ -357,37 +224,51 @@ class TrustClient:
         if (
             not kept.final_at(datetime.now(UTC))
             or disk_mark(self._metadata_dir) != kept.disk
-            or not self._ask_ahead(kept.root.version)
+            or not self._ask_ahead(kept.root.version, self._guess(kept, target))
         ):
             return False
         # The spec's client workflow looks for root N+1 on every refresh (5.3), so
         # a rotation, or a revoked key, is never missed while nothing else changed.
-        if self._fetcher.get(f"metadata/{kept.next_root_version}{_ROOT_SUFFIX}") is not None:
+        if self._fetcher.get(f"metadata/{kept.next_root_version}{ROOT_SUFFIX}") is not None:
             return False
-        return self._fetcher.get(_TIMESTAMP) == kept.timestamp_bytes
+        return self._fetcher.get(TIMESTAMP) == kept.timestamp_bytes
 
-    def _ask_ahead(self, root_version: int) -> bool:
+    def _ask_ahead(self, root_version: int, guess: Guess | None = None) -> bool:
         """Ask the hub in one trip for the files a refresh from root ``root_version`` asks first.
 
         Those are root N+1 and, when the hub has none, the timestamp. Neither
         answer is verified against the other, so asking for both at once changes
         when the bytes arrive, not what ngclient verifies or in what order.
         Nothing is asked when this call has asked the hub already (its answers
-        are ngclient's), or without a batch fetch.
+        are ngclient's), or without a batch fetch. With ``guess``, the batch goes on
+        to the files it guesses ngclient will ask for next.
 
         Returns:
             False, asking nothing, when ``root_history`` holds root N+1: ngclient
             takes that one from disk and asks the hub for N+2 instead.
         """
-        next_root = f"{root_version + 1}{_ROOT_SUFFIX}"
+        next_root = f"{root_version + 1}{ROOT_SUFFIX}"
         if (self._metadata_dir / "root_history" / next_root).exists():
             return False
         if not self._fetcher.answered:
-            self._fetcher.prefetch((f"metadata/{next_root}", _TIMESTAMP))
+            self._fetcher.prefetch((f"metadata/{next_root}", TIMESTAMP), guess)
         return True
 
+    def _guess(self, kept: Verified, target: str | None) -> Guess:
+        """A guide for fetching ahead from what ``kept`` trusts, towards ``target``."""
+        cached = None if target is None else self._targets_dir / parse.quote(target, "")
+        return Guess(
+            timestamp=kept.timestamp_bytes,
+            snapshot_version=kept.snapshot.version,
+            targets_version=kept.targets.version,
+            consistent=bool(kept.root.consistent_snapshot),
+            target=target,
+            cached_target=cached,  # where ngclient keeps it (its _generate_target_file_path)
+            cap=self._fetcher.cap,
+        )
+
     def _fetch_verified(self, name: str) -> Path:
-        updater = self._refresh()
+        updater = self._refresh(name)
         info: TargetFile | None = updater.get_targetinfo(name)
         if info is None:
             raise TrustError(f"unknown target {name!r}: not in the signed targets metadata")
@@ -431,9 +312,9 @@ class TrustClient:
         )
         return Updater(
             str(self._metadata_dir),
-            f"{_SCHEME}metadata/",
+            f"{SCHEME}metadata/",
             str(self._targets_dir),
-            f"{_SCHEME}targets/",
+            f"{SCHEME}targets/",
             self._fetcher,
             config,
             bootstrap=bootstrap,

@@ -19,7 +19,7 @@ from cloud.hubcore import HubCore, running
 from cloud.store import open_store
 from edge_agent.config import AgentConfig
 from edge_agent.errors import TransportError
-from edge_agent.hublink import HubLink
+from edge_agent.hublink import MAX_TRIPS, HubLink
 from edge_agent.transport import AgentTransport, FetchAborted, open_transport
 from edge_agent.wiring import build_agent
 from protos import kind_of, make_envelope, pb
@@ -119,6 +119,72 @@ def test_fetch_many_gives_up_after_its_timeout_and_ends_every_fetch() -> None:
     asyncio.run(scenario())
 
 
+class CountingTransport(GatedTransport):
+    """Answers at once, noting on which thread each fetch began."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(files, together=1)
+        self.threads: set[int] = set()
+
+    async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
+        self.threads.add(threading.get_ident())
+        async for chunk in super()._fetch(path, offset, max_bytes):
+            yield chunk
+
+
+def test_fetch_many_follows_each_trip_with_the_next_on_the_event_loop() -> None:
+    files = {TIMESTAMP: b"7", "metadata/7.snapshot.json": b"s" * 300, "targets/x": b"x"}
+    seen: list[list[bytes | FetchError | None]] = []
+
+    def follow(answers: Sequence[bytes | FetchError | None]) -> list[tuple[str, int]]:
+        seen.append(list(answers))
+        if answers == [None, b"7"]:
+            return [("metadata/7.snapshot.json", 1 << 20)]  # capped by the link: 200
+        if len(seen) == 2:
+            return [("targets/x", 10), ("targets/missing", 10)]
+        return []
+
+    async def scenario() -> None:
+        transport = CountingTransport(files)
+        link = HubLink(max_bytes=200)
+        link.attach(transport)
+        async with asyncio.timeout(30):
+            got = await asyncio.to_thread(
+                link.fetch_many, [("metadata/2.root.json", 100), (TIMESTAMP, 100)], follow
+            )
+        assert transport.started == [
+            "metadata/2.root.json", TIMESTAMP, "metadata/7.snapshot.json",
+            "targets/x", "targets/missing",
+        ]  # fmt: skip
+        assert got[:2] == [None, b"7"]
+        assert isinstance(got[2], FetchError) and "200 byte cap" in str(got[2])
+        assert got[3:] == [b"x", None]
+        assert len(seen) == 3  # after each trip, the last ending the batch
+        assert transport.threads == {threading.get_ident()}  # every trip on the loop
+
+    asyncio.run(scenario())
+
+
+def test_fetch_many_makes_at_most_its_trips_however_long_follow_goes_on() -> None:
+    asked: list[int] = []
+
+    def forever(answers: Sequence[bytes | FetchError | None]) -> list[tuple[str, int]]:
+        asked.append(len(answers))
+        return [(TIMESTAMP, 100)]
+
+    async def scenario() -> None:
+        transport = CountingTransport({TIMESTAMP: b"t"})
+        link = HubLink(max_bytes=100)
+        link.attach(transport)
+        async with asyncio.timeout(30):
+            got = await asyncio.to_thread(link.fetch_many, [(TIMESTAMP, 100)], forever)
+        assert got == [b"t"] * MAX_TRIPS
+        assert len(transport.started) == MAX_TRIPS
+        assert len(asked) == MAX_TRIPS - 1  # never asked for a trip that is not made
+
+    asyncio.run(scenario())
+
+
 def test_fetch_many_without_a_hub_session_is_a_fetch_error() -> None:
     with pytest.raises(FetchError, match="not connected"):
         HubLink(max_bytes=100).fetch_many([(TIMESTAMP, 100)])
@@ -169,7 +235,9 @@ def test_the_agent_refreshes_its_metadata_with_the_pair_in_one_hop(
     trust = TrustRepository.init(tmp_path / "trust")
     hub = HubFetch(trust)  # stands in for the hub session behind the link
     monkeypatch.setattr(HubLink, "fetch", lambda _link, path, cap: hub(path, cap))
-    monkeypatch.setattr(HubLink, "fetch_many", lambda _link, requests: hub.many(requests))
+    monkeypatch.setattr(
+        HubLink, "fetch_many", lambda _link, requests, follow=None: hub.many(requests, follow)
+    )
     root = tmp_path / "trust" / "metadata" / "root.json"
     config = AgentConfig("grpc://127.0.0.1:9", "cam-1", tmp_path / "agent", trusted_root=root)
     agent = build_agent(config, PROFILE, launcher=FakeLauncher())

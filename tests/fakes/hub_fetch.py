@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from skills.errors import FetchError, TrustError
 from skills.trust import TrustRepository
+from skills.trust.client import FollowFn
 
 
 class HubFetch:
@@ -21,15 +22,32 @@ class HubFetch:
         self.repo = repo
         self.calls: list[str] = []
         self.trips: list[list[str]] = []
+        #: Calls from the client's thread (a fetch, or a batch of trips): its hops.
+        self.hops = 0
         self.override: dict[str, bytes] = {}
         self.fail: dict[str, Exception] = {}
 
     def __call__(self, path: str, cap: int) -> bytes:
+        self.hops += 1
         self.trips.append([path])
         return self._answer(path, cap)
 
-    def many(self, requests: Sequence[tuple[str, int]]) -> list[bytes | FetchError | None]:
-        """The batch form: every request in one trip, each answered as a single fetch is."""
+    def many(
+        self, requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[bytes | FetchError | None]:
+        """The batch form: every request in one trip, each answered as a single fetch is.
+
+        With ``follow``, the trips it asks for after each one, recorded as trips too.
+        """
+        self.hops += 1
+        answers: list[bytes | FetchError | None] = []
+        while requests:
+            trip = self._trip(requests)
+            answers += trip
+            requests = list(follow(trip)) if follow is not None else []
+        return answers
+
+    def _trip(self, requests: Sequence[tuple[str, int]]) -> list[bytes | FetchError | None]:
         self.trips.append([path for path, _ in requests])
         answers: list[bytes | FetchError | None] = []
         for path, cap in requests:

@@ -17,7 +17,7 @@ import pytest
 from skills.errors import FetchError, TrustError
 from skills.trust import TrustClient, TrustLimits, TrustRepository
 from skills.trust.ceremony import rotate_online_key
-from skills.trust.client import FetchResult
+from skills.trust.client import FetchResult, FollowFn
 from tests.fakes.hub_fetch import HubFetch
 from tests.skills.test_trust import NAME, _add
 
@@ -106,8 +106,10 @@ def test_a_root_rotation_is_walked_and_the_timestamp_asked_for_after_it(
     repo = _hub(tmp_path)
     fetch = HubFetch(repo)
 
-    def many_then_fresh(requests: Sequence[tuple[str, int]]) -> list[FetchResult]:
-        answers = fetch.many(requests)
+    def many_then_fresh(
+        requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[FetchResult]:
+        answers = fetch.many(requests, follow)
         fetch.override.clear()  # the hub serves what it has now from here on
         return answers
 
@@ -211,10 +213,12 @@ def test_a_batch_that_cannot_be_asked_is_the_fetch_error_it_was(tmp_path: Path, 
             raise FetchError("not connected to the hub")
         return fetch(path, cap)
 
-    def many(requests: Sequence[tuple[str, int]]) -> list[FetchResult]:
+    def many(
+        requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[FetchResult]:
         if down[0]:
             raise FetchError("not connected to the hub")
-        return fetch.many(requests)
+        return fetch.many(requests, follow)
 
     batched = TrustClient(tmp_path / "batched", single, repo.root_json(), fetch_many=many)
     plain = TrustClient(tmp_path / "plain", single, repo.root_json())
@@ -234,8 +238,10 @@ def test_a_batch_answering_the_wrong_number_of_files_is_a_fetch_error(tmp_path: 
     repo = _hub(tmp_path)
     fetch = HubFetch(repo)
 
-    def short(requests: Sequence[tuple[str, int]]) -> list[FetchResult]:
-        return fetch.many(requests)[:1]
+    def short(
+        requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[FetchResult]:
+        return fetch.many(requests, follow)[:1]
 
     client = TrustClient(tmp_path / "agent", fetch, repo.root_json(), fetch_many=short)
     with pytest.raises(FetchError, match="asked for 2 files, answered 1"):
@@ -247,9 +253,11 @@ def test_each_file_of_the_pair_is_asked_for_under_its_own_cap(tmp_path: Path) ->
     fetch = HubFetch(repo)
     asked: list[tuple[str, int]] = []
 
-    def many(requests: Sequence[tuple[str, int]]) -> list[FetchResult]:
+    def many(
+        requests: Sequence[tuple[str, int]], follow: FollowFn | None = None
+    ) -> list[FetchResult]:
         asked.extend(requests)
-        return fetch.many(requests)
+        return fetch.many(requests, follow)
 
     limits = TrustLimits(max_timestamp_bytes=4096, max_root_bytes=8192)
     TrustClient(tmp_path / "agent", fetch, repo.root_json(), limits, fetch_many=many).refresh()
