@@ -48,6 +48,7 @@ def device_view(state: DeviceStateRecord, now_ms: int) -> DeviceView:
         presence=seen,
         heartbeat_ms=device.heartbeat_ms,
         project=device.project,
+        reported_ms=report.reported_ms if report else None,
     )
 
 

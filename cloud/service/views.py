@@ -68,6 +68,8 @@ class DeviceView:
     heartbeat_ms: int = 0
     #: The project (tenant) the device belongs to.
     project: str = "default"
+    #: When the hub recorded the device's last report (wall-clock ms); None before one.
+    reported_ms: int | None = None
 
     def skill(self, name: str) -> SkillStateView | None:
         """The reported state of one skill, or None when the device did not report it."""

@@ -367,8 +367,9 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     for a canary's gates to compare with. Later ones follow ``--strategy`` and
     ``--plan``. Each device's time to active counts from its wave's opening: the
     deployment when all at once, staged the first look that finds the hub's desired
-    state for the device changed since the deployment (the rollout admitted it;
-    both as the simulator looks, once per poll).
+    state for the device changed since the deployment (the rollout admitted it), to
+    when the hub recorded the report of it running (all at once; see
+    :func:`_seen_at`) or the look that found it (staged).
     All at once, the deployment has settled when every device runs
     ``version`` or failed it; staged, when its rollout has ended and the fleet
     shows the end: every device on ``version`` (or failed it) when it completed,
@@ -382,7 +383,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
             kwargs["strategy"] = run.settings.strategy  # over the plan's only when asked
     dep = run.service.deployments.create(SKILL, version, GROUP, **kwargs)
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     cpu_before = run.cpu_s()
     active: dict[str, float] = {}
     opened: dict[str, float] = {}  # staged: when the device's wave was seen open
@@ -397,7 +398,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
                 opened.setdefault(view.device_id, now)  # the hub wants something new of it
             state = view.skill(SKILL)
             if state is not None and (state.version, state.state) == (version, "running"):
-                active.setdefault(view.device_id, now)
+                active.setdefault(view.device_id, _seen_at(view, now, wall_started, staged))
         count = progress.counts.get(version, VersionCount())
         peak["failed"] = max(peak["failed"], count.failed)
         moved = count.running + count.failed >= len(run.views) > 0
@@ -436,6 +437,19 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         agents_cpu,
         waves_of(opened, active) if staged else [],
     )
+
+
+def _seen_at(view: DeviceView, now: float, wall_started: float, staged: bool) -> float:
+    """When the hub saw ``view`` run the version, in seconds from the deployment.
+
+    All at once, the hub's record of the report (same machine, same clock) when it
+    is earlier than this look: a look of a large fleet comes seconds apart, and
+    would count every device that became active in between as active at the look.
+    Staged, the look's time, as the wave's opening is the look's too.
+    """
+    if staged or view.reported_ms is None:
+        return now
+    return min(now, max(0.0, view.reported_ms / 1000 - wall_started))
 
 
 def _running(view: DeviceView) -> bool:

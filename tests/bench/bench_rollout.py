@@ -12,8 +12,9 @@ Measured on the upgrade:
 
 * ``converge_s``: from the deployment to every device running 2.0.0;
 * ``p50_active_s`` / ``p99_active_s``: per device, from its wave opening to the
-  hub seeing it run 2.0.0 (the simulator looks twice a second, less often when
-  reading the fleet costs more than a tenth of a second);
+  hub seeing it run 2.0.0: all at once, when the hub recorded that report; staged,
+  when the simulator found it (it looks twice a second, less often when reading
+  the fleet costs more than a tenth of a second), as it finds each wave opening;
 * ``hub_cpu_s`` / ``hub_peak_rss_mb``: the hub process over the whole run
   (connect, both deployments, telemetry); ``agents_cpu_s``: the simulator's
   worker processes, which share the same cores (each agent verifies TUF

@@ -125,6 +125,7 @@ def test_a_device_view_has_labels_presence_board_generation_and_report(
         profile={"board": "arm-cpu"},
         presence="stale",  # silent, but the hub never saw its connection end
         heartbeat_ms=0,
+        reported_ms=7,  # when the hub recorded the report
     )
     assert cam.skill("digits") == cam.reported[0]
     gateway = service.devices.get("gw-1")

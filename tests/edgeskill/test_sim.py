@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cloud.service import DeviceView
 from edge_agent.errors import HealthCheckError, SandboxError, TransportError
 from edge_agent.sandbox import SkillItemError
 from edgeskill.cli import app
@@ -40,6 +41,7 @@ from edgeskill.sim.params import (
     version_specs,
 )
 from edgeskill.sim.report import waves_of
+from edgeskill.sim.run import _seen_at
 from edgeskill.sim.runtime import (
     BOARD_SPEED,
     SimStats,
@@ -201,6 +203,19 @@ def _processes_naming(text: str) -> list[int]:
 
 
 @pytest.mark.slow
+def test_time_to_active_all_at_once_is_when_the_hub_recorded_the_report() -> None:
+    def view(reported_ms: int | None) -> DeviceView:
+        return DeviceView("cam-1", {}, True, "x86-cpu", 0, 2, 2, reported_ms=reported_ms)
+
+    started = 1_000.0  # wall-clock seconds at the deployment
+    # Found at the look 9 s in; the hub had recorded it running 2.5 s in.
+    assert _seen_at(view(1_002_500), 9.0, started, staged=False) == 2.5
+    assert _seen_at(view(999_000), 9.0, started, staged=False) == 0.0  # clock skew: not < 0
+    assert _seen_at(view(1_012_000), 9.0, started, staged=False) == 9.0  # re-reported later
+    assert _seen_at(view(None), 9.0, started, staged=False) == 9.0
+    assert _seen_at(view(1_002_500), 9.0, started, staged=True) == 9.0  # as its wave's opening
+
+
 def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> None:
     # A timeout or a scheduler ends the simulator with SIGTERM: its hub and worker
     # processes (all started with the work folder on their command line) must go too.
