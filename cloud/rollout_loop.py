@@ -12,12 +12,15 @@ transaction that is refused if another process wrote the rollout first.
 All state is in the store, so a hub killed mid-rollout, or a new leader,
 carries on from the last stored pass; facts are joined order-free by the
 engine, so reading them again is harmless. The loop keeps each rollout's last
-pass (:class:`LastPass`) only to spare work: a pass reads every target's row
-but builds facts and events only for the devices whose rows changed since
-(and every target's presence once one may have gone quiet), as long as the
-stored state is the one that pass left; otherwise it joins everything again.
-The engine still runs every pass, since time alone moves timeouts, soaks and
-maintenance windows.
+pass (:class:`LastPass`) only to spare work: a pass reads the targets' rows
+only when the fleet stamp says a write may have changed them since
+(:mod:`cloud.store.fleet_stamp`; heartbeats of devices online anyway count only
+once one of them may have gone quiet), and builds facts and events only for
+the devices whose rows changed (and every target's presence once one may have
+gone quiet), as long as the stored state is the one that pass left; otherwise
+it joins everything again. A new leader starts with no last pass, so it reads
+everything. The engine still runs every pass, since time alone moves timeouts,
+soaks and maintenance windows.
 """
 
 from __future__ import annotations
@@ -362,8 +365,9 @@ class RolloutLoop:
         """Run one pass of one rollout and store it; whether anything was stored.
 
         The pass reads and joins only what changed since the last one of this
-        rollout, when that one ended well and its state is the stored one; a pass
-        that fails leaves the next one to read and join everything.
+        rollout, when that one ended well and its state is the stored one (and
+        reads no target's row while the fleet stamp stands); a pass that fails
+        leaves the next one to read and join everything.
 
         Raises:
             ValidationError: The stored plan or state is corrupt.
@@ -372,12 +376,17 @@ class RolloutLoop:
         dep_id = rollout.deployment.id
         last = self._last.pop(dep_id, None)
         plan = plan_of(rollout)
+        now = self._clock()
+        # Heartbeats of devices online anyway change no presence before the first
+        # device the last read saw online could go quiet: until then its rows stand.
+        moot = last is not None and last.now_ms <= now < last.quiet_ms
         try:
             tally = self._tallies.setdefault(dep_id, KpiTally())
-            facts = self._store.rollout_facts(rollout, tally, None if last is None else last.facts)
+            facts = self._store.rollout_facts(
+                rollout, tally, None if last is None else last.facts, refreshes_moot=moot
+            )
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
-        now = self._clock()
         state = RolloutState.from_json(rollout.state)
         held = last if last is not None and last.state == rollout.state else None
         events = _events(state, facts, rollout.commands, now, held)

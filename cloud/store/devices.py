@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import recompute, selector_clause
 from cloud.store.events import EVENT_DEVICE, NewEvent, insert_events
+from cloud.store.fleet_stamp import bump, lock_presence, only_refreshes
 from cloud.store.projects import DEFAULT_PROJECT, require_project
 from cloud.store.records import DeviceRecord, GroupRecord
 from cloud.store.schema import device_groups, device_labels, devices
@@ -134,6 +136,7 @@ class DeviceTables(StoreBase):
                 labels = _read_labels(conn, device_id)
                 project = _project_of(conn, device_id)
             recompute(conn, devices.c.device_id == device_id)
+            bump(conn)
         profile_back = json.loads(profile_text)
         return DeviceRecord(device_id, labels, profile_back, now_ms, True, heartbeat_ms, project)
 
@@ -172,6 +175,7 @@ class DeviceTables(StoreBase):
             shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels"
             note = NewEvent(EVENT_DEVICE, f"{device_id} enrolled ({shown})", device_id)
             insert_events(conn, [note], at_ms=now_ms)
+            bump(conn)
 
     def set_device_labels(
         self, device_id: str, labels: Mapping[str, str], *, project: str | None = None
@@ -197,6 +201,7 @@ class DeviceTables(StoreBase):
                 raise NotFoundError(f"no device {device_id!r}")
             _write_labels(conn, device_id, labels)
             recompute(conn, devices.c.device_id == device_id)
+            bump(conn)
         return device_record(row, dict(labels))
 
     def set_labels_many(
@@ -245,6 +250,7 @@ class DeviceTables(StoreBase):
             if new:
                 conn.execute(device_labels.insert(), new)
             recompute(conn, which)
+            bump(conn)
         return [device_record(rows[d], dict(labels)) for d, labels in wanted.items()]
 
     def touch_device(self, device_id: str, *, now_ms: int, online: bool | None = None) -> None:
@@ -267,8 +273,11 @@ class DeviceTables(StoreBase):
         with self._tx(write=True) as conn:
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"no device {device_id!r}")
+            bump(conn)
 
-    def record_presence(self, news: Mapping[str, tuple[int | None, bool]]) -> None:
+    def record_presence(
+        self, news: Mapping[str, tuple[int | None, bool]], *, now_ms: int | None = None
+    ) -> set[str]:
         """Record what the hub learned of many devices' connections, in one transaction.
 
         ``news`` maps device ids to ``(heard_ms, online)``. ``heard_ms`` is when the
@@ -276,8 +285,14 @@ class DeviceTables(StoreBase):
         None means news about its connection only (a stream that closed, a broker's
         retained or last-will status), which leaves ``last_seen_ms``: such news must
         not make a silent device look fresh. ``online`` is the connected flag. Ids the
-        store does not know are skipped (the hub only hears of devices that
-        registered, so they were deleted meanwhile).
+        store does not know are skipped (a broker's retained status may name a device
+        that never registered).
+
+        ``now_ms`` (the wall clock when None) tells the fleet stamp whether the news
+        only refreshes devices online anyway (:func:`cloud.store.fleet_stamp.only_refreshes`).
+
+        Returns:
+            The ids of ``news`` the store does not know: nothing was written for them.
 
         Raises:
             ValidationError: A malformed id or time (nothing is written).
@@ -289,8 +304,10 @@ class DeviceTables(StoreBase):
             if heard_ms is not None:
                 check.counter(heard_ms, "heard_ms")
             rows.append({"b_device_id": device_id, "b_seen": heard_ms, "b_online": bool(online)})
+        if now_ms is not None:
+            check.counter(now_ms, "now_ms")
         if not rows:
-            return
+            return set()
         seen = bindparam("b_seen", type_=devices.c.last_seen_ms.type)
         stmt = (
             update(devices)
@@ -301,7 +318,15 @@ class DeviceTables(StoreBase):
             )
         )
         with self._tx(write=True) as conn:
-            conn.execute(stmt, rows)
+            stored = lock_presence(conn, news)
+            known = [row for row in rows if row["b_device_id"] in stored]
+            if known:
+                conn.execute(stmt, known)
+                # Taken with the rows locked: a pass that misses this write reads before
+                # it commits, a moment from now (the margin covers that and clock skew).
+                at_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+                bump(conn, refresh=only_refreshes(news, stored, at_ms))
+        return news.keys() - stored.keys()
 
     def set_device_connected(self, device_id: str, *, connected: bool) -> None:
         """Record that a device's connection began or ended, leaving its last-seen time.
@@ -322,6 +347,7 @@ class DeviceTables(StoreBase):
         with self._tx(write=True) as conn:
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"no device {device_id!r}")
+            bump(conn)
 
     def count_devices(self, *, now_ms: int) -> tuple[int, int]:
         """How many devices the hub knows, and how many of them are online at ``now_ms``.
@@ -413,6 +439,7 @@ class DeviceTables(StoreBase):
             require_project(conn, project)
             if conn.execute(stmt).rowcount == 0:
                 raise ConflictError(f"group {name!r} exists (group names are taken hub-wide)")
+            bump(conn)
         return GroupRecord(name, canonical, project)
 
     def get_group(self, name: str, *, project: str | None = None) -> GroupRecord:

@@ -5,10 +5,12 @@ rollout engine events (:mod:`cloud.rollout_loop`). A plan's
 ``baseline_since_ms`` keeps the baseline versions' telemetry windows that
 ended before it out of their KPIs (the new version's are never cut).
 
-The leader reads every target's row every second, and between two reads few
-of them change: a read given the last one (``last``) compares the raw rows,
+The leader reads a rollout's facts every second, and between two reads few of
+its targets' rows change: a read given the last one (``last``) compares the raw rows,
 takes the unchanged devices' facts from it and says which devices changed
-(:attr:`RolloutFacts.changed`).
+(:attr:`RolloutFacts.changed`). Given the fleet stamp it was read at, it skips
+reading the rows at all while the stamp says no write could have changed them
+(:mod:`cloud.store.fleet_stamp`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy import Connection, and_, case, func, or_, select
 
 from cloud.errors import StoreError, ValidationError
 from cloud.rollout.plan import plan_from_dict
+from cloud.store.fleet_stamp import Stamp, reusable
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
 from cloud.store.schema import devices, fleet_controls, reported_states, rollouts, telemetry
 
@@ -61,6 +64,7 @@ class RolloutFacts:
     telemetry. ``fleet_stop``: the switch and when it last changed. ``rows``:
     the targets' rows as read. ``changed``: the targets whose row differs from
     the last read's (new targets included), or None when read without one.
+    ``stamp``: the fleet stamp ``rows`` were read at (None: unknown).
     """
 
     targets: Mapping[str, tuple[int, int, bool]]
@@ -69,6 +73,7 @@ class RolloutFacts:
     fleet_stop: tuple[bool, int]
     rows: frozenset[DeviceRow] = frozenset()
     changed: frozenset[str] | None = None
+    stamp: Stamp | None = None
 
 
 def read_facts(
@@ -77,28 +82,31 @@ def read_facts(
     where: Any,
     tally: KpiTally | None = None,
     last: RolloutFacts | None = None,
+    *,
+    stamp: Stamp | None = None,
+    refreshes_moot: bool = False,
 ) -> RolloutFacts:
     """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
 
     ``tally``: the leader's running KPI totals of this rollout (read on, not summed
     again). ``last``: the facts of the last read with that tally (or without one);
     its unchanged devices are taken from it, and its KPIs when no total moved.
+    ``stamp``: the fleet stamp, read in this transaction before anything else;
+    when it says no write changed the rows since ``last`` read them (refreshes
+    aside when ``refreshes_moot``, see :func:`cloud.store.fleet_stamp.reusable`),
+    they are not read again.
 
     Raises:
         StoreError: Stored data is corrupt.
     """
-    with conn.execute(_device_rows(where)) as result:
-        # The driver's own tuples: sets of SQLAlchemy rows compare row by row in Python,
-        # and the rows are compared with the last read's every pass.
-        rows: frozenset[DeviceRow] = frozenset(result.cursor.fetchall())
-    if last is None:
-        targets, reports = _device_facts(rows, dep.skill, {}, {})
-        changed = None
+    changed: frozenset[str] | None
+    if last is not None and reusable(last.stamp, stamp, refreshes_moot=refreshes_moot):
+        # The rows are last's, so is the stamp they were read at: refreshes skipped
+        # here are still news to a later read to which they are not moot.
+        targets, reports = last.targets, last.reports
+        rows, changed, stamp = last.rows, frozenset(), last.stamp
     else:
-        fresh = rows - last.rows
-        changed = frozenset(r[0] for r in fresh)
-        gone = {r[0] for r in last.rows - rows} - changed
-        targets, reports = _device_facts(fresh, dep.skill, last.targets, last.reports, gone)
+        targets, reports, rows, changed = _read_devices(conn, dep.skill, where, last)
     since = dep.created_ms - KPI_LOOKBACK_MS
     cut = _baseline_since(conn, dep.id)
     baseline = since if cut is None else max(since, cut)
@@ -107,7 +115,28 @@ def read_facts(
     kpis = _kpis(conn, ids, targets, dep, since, baseline, tally, kept)
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
-    return RolloutFacts(targets, reports, kpis, flag, rows, changed)
+    return RolloutFacts(targets, reports, kpis, flag, rows, changed, stamp)
+
+
+def _read_devices(
+    conn: Connection, skill: str, where: Any, last: RolloutFacts | None
+) -> tuple[
+    dict[str, tuple[int, int, bool]],
+    dict[str, tuple[int, SkillStatusRecord]],
+    frozenset[DeviceRow],
+    frozenset[str] | None,
+]:
+    """The targets, reports and rows read now, and which changed since ``last``."""
+    with conn.execute(_device_rows(where)) as result:
+        # The driver's own tuples: sets of SQLAlchemy rows compare row by row in Python,
+        # and the rows are compared with the last read's every pass.
+        rows: frozenset[DeviceRow] = frozenset(result.cursor.fetchall())
+    if last is None:
+        return *_device_facts(rows, skill, {}, {}), rows, None
+    fresh = rows - last.rows
+    changed = frozenset(r[0] for r in fresh)
+    gone = {r[0] for r in last.rows - rows} - changed
+    return *_device_facts(fresh, skill, last.targets, last.reports, gone), rows, changed
 
 
 def _device_rows(where: Any) -> Any:

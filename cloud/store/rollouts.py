@@ -29,6 +29,7 @@ from cloud.store import checks as check
 from cloud.store.base import StoreBase
 from cloud.store.desired import recompute, selector_clause
 from cloud.store.events import EVENT_DEPLOYMENT, NewEvent, insert_events
+from cloud.store.fleet_stamp import read_stamp
 from cloud.store.records import (
     DEPLOYMENT_ABORTED,
     DEPLOYMENT_ACTIVE,
@@ -248,6 +249,8 @@ class RolloutTables(StoreBase):
         rollout: RolloutRecord,
         tally: KpiTally | None = None,
         last: RolloutFacts | None = None,
+        *,
+        refreshes_moot: bool = False,
     ) -> RolloutFacts:
         """Read what the fleet shows ``rollout`` now, in one transaction.
 
@@ -255,15 +258,29 @@ class RolloutTables(StoreBase):
         last read rather than summed again (the leader keeps one per rollout).
         ``last``: the caller's last read of this rollout (with the same tally): the
         devices whose rows did not change are taken from it, and the new facts say
-        which changed (see :func:`cloud.store.rollout_facts.read_facts`).
+        which changed; while the fleet stamp says no row could have changed, none
+        is read (see :func:`cloud.store.rollout_facts.read_facts`).
+        ``refreshes_moot``: heartbeats of devices online anyway change nothing the
+        caller derives from ``last`` yet (see :mod:`cloud.store.fleet_stamp`).
 
         Raises:
             NotFoundError: The deployment's group is gone.
             StoreError: The database failed or holds corrupt data.
         """
         with self._tx() as conn:
+            # Read first: a write it does not count commits after it, so the next
+            # pass finds it moved and reads the rows again.
+            stamp = read_stamp(conn)
             where = group_clause(conn, rollout.deployment.group)
-            return read_facts(conn, rollout.deployment, where, tally, last)
+            return read_facts(
+                conn,
+                rollout.deployment,
+                where,
+                tally,
+                last,
+                stamp=stamp,
+                refreshes_moot=refreshes_moot,
+            )
 
     def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:
         """Store one engine pass: the state, the desired state it changes and its events.

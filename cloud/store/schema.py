@@ -33,6 +33,7 @@ __all__ = [
     "devices",
     "director_instructions",
     "fleet_controls",
+    "fleet_stamp",
     "hub_events",
     "metadata",
     "reported_states",
@@ -159,6 +160,16 @@ fleet_controls = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("stopped", Boolean, nullable=False),
     Column("changed_ms", BigInteger, nullable=False),
+)
+
+# Counters of the writes to what rollout passes read of the fleet (devices, labels,
+# groups, reports), striped over a few rows (:mod:`cloud.store.fleet_stamp`).
+fleet_stamp = Table(
+    "fleet_stamp",
+    metadata,
+    Column("slot", Integer, primary_key=True, autoincrement=False),
+    Column("changes", BigInteger, nullable=False),
+    Column("refreshes", BigInteger, nullable=False),
 )
 
 desired_states = Table(

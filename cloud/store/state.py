@@ -16,6 +16,7 @@ from cloud.store.base import StoreBase
 from cloud.store.desired import decode_skills, selector_clause
 from cloud.store.devices import device_record
 from cloud.store.events import NewEvent, insert_timed_events, skill_transitions
+from cloud.store.fleet_stamp import bump
 from cloud.store.records import (
     DesiredRecord,
     DeviceStateRecord,
@@ -370,4 +371,6 @@ def _apply_reports(
         )
         conn.execute(upsert, list(latest.values()))
     insert_timed_events(conn, events)
+    if latest:
+        bump(conn)
     return results

@@ -113,7 +113,7 @@ def test_record_presence_writes_heard_times_and_news_in_one_go_and_skips_unknown
     for device in ("cam-1", "cam-2", "cam-3", "cam-4"):
         store.register_device(device, CAMERA, {}, now_ms=10)
         store.touch_device(device, now_ms=11, online=device != "cam-3")
-    store.record_presence(
+    unknown = store.record_presence(
         {
             "cam-1": (20, True),
             "cam-2": (21, False),  # heard, then news that it went
@@ -122,6 +122,7 @@ def test_record_presence_writes_heard_times_and_news_in_one_go_and_skips_unknown
             "ghost": (22, True),
         }
     )
+    assert unknown == {"ghost"}
     seen = {d.device_id: (d.last_seen_ms, d.online) for d in store.list_devices()}
     assert seen == {
         "cam-1": (20, True),

@@ -1,0 +1,255 @@
+"""The fleet stamp spares a quiet rollout pass its read of every target, on SQLite and PostgreSQL.
+
+A pass reads the stamp first and reuses its last read of the targets' rows
+while no write moved it. These tests count the statements the leader's store
+runs, write as another hub process would (another store on the same
+database), and hold each pass to what a full read sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import delete, event
+
+from cloud.rollout.events import DevicePresence
+from cloud.rollout.plan import plan_from_dict
+from cloud.rollout_loop import RolloutLoop
+from cloud.store import SkillStatusRecord, Store
+from cloud.store.fleet_stamp import REFRESH_MARGIN_MS, only_refreshes, read_stamp
+from cloud.store.schema import fleet_stamp
+from cloud.store.store import open_store
+from tests.cloud.test_rollout_passes import PATIENT, Passes
+from tests.cloud.test_rollout_store import CAMERA, DEVICES, Clock, fleet_on_v1, report
+
+#: What the read of every target's presence and report looks like in SQL.
+JOIN = "LEFT OUTER JOIN reported_states"
+
+
+class Statements:
+    """The SQL statements a store's engine ran since it was last cleared."""
+
+    def __init__(self, store: Store) -> None:
+        self.seen: list[str] = []
+        event.listen(store.engine, "before_cursor_execute", self._heard)
+
+    def _heard(self, *args: object) -> None:
+        self.seen.append(str(args[2]))
+
+    def joins(self) -> int:
+        """How many of them read the targets' rows; clears the list."""
+        count = sum(JOIN in s for s in self.seen)
+        self.seen.clear()
+        return count
+
+
+@dataclass
+class Leader:
+    """A rollout of 2.0.0 under way, its leader's loop, and another hub process's store."""
+
+    store: Store
+    other: Store
+    clock: Clock
+    dep_id: int
+    loop: RolloutLoop
+    passes: Passes
+    statements: Statements
+
+    def step(self, ms: int = 1000) -> int:
+        """Run a pass ``ms`` later; how many times it read the targets' rows."""
+        self.clock.now += ms
+        self.statements.joins()
+        self.loop.pass_once()
+        return self.statements.joins()
+
+    def as_read_in_full(self) -> bool:
+        """Whether the loop's last read holds what a full read finds now."""
+        rollout = self.store.rollouts_of([self.dep_id])[self.dep_id]
+        full = self.other.rollout_facts(rollout)
+        held = self.loop._last[self.dep_id].facts
+        return (held.targets, held.reports) == (full.targets, full.reports)
+
+
+@pytest.fixture
+def leader(store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Leader]:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    dep = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(PATIENT), now_ms=clock.now
+    )
+    passes = Passes(monkeypatch, store)
+    other = open_store(store_url)
+    try:
+        running = Leader(
+            store, other, clock, dep.id, RolloutLoop(store, clock=clock), passes, Statements(store)
+        )
+        assert running.step() == 1  # the first pass reads everything and opens the canary
+        yield running
+    finally:
+        other.close()
+
+
+def test_a_quiet_pass_reads_the_stamp_and_no_targets_row(leader: Leader) -> None:
+    for _ in range(3):
+        leader.clock.now += 1000
+        leader.loop.pass_once()
+        assert not any(JOIN in s for s in leader.statements.seen)
+        assert any("fleet_stamp" in s for s in leader.statements.seen)
+        leader.statements.seen.clear()
+        assert leader.passes.last() == []
+    assert leader.as_read_in_full()
+
+
+#: Every kind of write to what a pass reads, as another hub process makes it.
+WRITES: dict[str, Callable[[Store, Clock], object]] = {
+    "report": lambda s, c: report(s, "cam-01", "1.0.0", "failed", "2.0.0", c.now),
+    "reports in a batch": lambda s, c: s.save_reports_many(
+        [("cam-02", 1, [SkillStatusRecord("face", "1.0.0", "running")], c.now + 1)]
+    ),
+    "connection news": lambda s, c: s.record_presence({"cam-03": (None, False)}),
+    "connected flag": lambda s, c: s.set_device_connected("cam-05", connected=False),
+    "touched": lambda s, c: s.touch_device("cam-06", now_ms=c.now + 5),
+    "labels": lambda s, c: s.set_device_labels("cam-07", {"kind": "doorbell"}),
+    "labels in a batch": lambda s, c: s.set_labels_many({"cam-08": {"kind": "doorbell"}}),
+    "registered": lambda s, c: s.register_device("cam-98", CAMERA, {}, now_ms=c.now),
+    "enrolled": lambda s, c: s.enroll_device("cam-99", CAMERA, now_ms=c.now),
+}
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_each_write_by_another_hub_process_is_read_on_the_next_pass(
+    leader: Leader, write: str
+) -> None:
+    assert leader.step() == 0
+    rollout = leader.store.rollouts_of([leader.dep_id])[leader.dep_id]
+    before = leader.other.rollout_facts(rollout)
+    WRITES[write](leader.other, leader.clock)
+    after = leader.other.rollout_facts(rollout)
+    assert (after.targets, after.reports) != (before.targets, before.reports)
+    assert leader.step() == 1
+    assert leader.as_read_in_full()
+    assert leader.step() == 0
+
+
+def test_a_new_group_moves_the_stamp(leader: Leader) -> None:
+    with leader.other.engine.connect() as conn:
+        before = read_stamp(conn)
+    leader.other.create_group("doors", "kind=doorbell")
+    with leader.other.engine.connect() as conn:
+        after = read_stamp(conn)
+    assert before is not None and after is not None and after[0] > before[0]
+
+
+def test_writers_in_several_processes_at_once_each_count_once(
+    leader: Leader, store_url: str
+) -> None:
+    hubs = [open_store(store_url) for _ in range(4)]
+    with leader.other.engine.connect() as conn:
+        before = read_stamp(conn)
+
+    def write(n: int) -> None:
+        devices = DEVICES if n % 2 else DEVICES[::-1]  # the same devices, in other orders
+        for i in range(25):
+            hubs[n].record_presence(dict.fromkeys(devices[i % 3 :: 2], (None, i % 2 == 0)))
+            mine = DEVICES[n * 5 + i % 5]  # its own: no report of another hub is newer
+            hubs[n].save_reports_many([(mine, 10**6, [], leader.clock.now + i)])
+
+    try:
+        with ThreadPoolExecutor(len(hubs)) as pool:
+            list(pool.map(write, range(len(hubs))))
+    finally:
+        for hub in hubs:
+            hub.close()
+    with leader.other.engine.connect() as conn:
+        after = read_stamp(conn)
+    assert before is not None and after is not None
+    assert after[0] - before[0] == 4 * 25 * 2
+
+
+def test_devices_gone_quiet_are_seen_offline_on_a_pass_that_reads_no_row(leader: Leader) -> None:
+    assert leader.step(8000) == 0  # 9 s after the last message: still online
+    assert leader.passes.last() == []
+    assert leader.step(2000) == 0  # 11 s: offline by time alone
+    gone = {e.device_id for e in leader.passes.last() if isinstance(e, DevicePresence)}
+    assert gone == set(DEVICES)
+
+
+def test_heartbeats_of_online_devices_are_read_once_one_may_have_gone_quiet(
+    leader: Leader,
+) -> None:
+    with leader.other.engine.connect() as conn:
+        before = read_stamp(conn)
+    heard = leader.clock.now + 4000
+    leader.other.record_presence(dict.fromkeys(DEVICES, (heard, True)), now_ms=heard)
+    with leader.other.engine.connect() as conn:
+        after = read_stamp(conn)
+    assert before is not None and after == (before[0], before[1] + 1)  # a refresh
+    assert leader.step(5000) == 0  # heard 1 s ago; the last read's devices online till 10 s
+    assert leader.step(5000) == 1  # 11 s after the last read's messages: read the heartbeats
+    assert leader.passes.last() == []  # nobody went quiet
+    assert leader.as_read_in_full()
+    assert leader.step() == 0
+
+
+def test_a_heartbeat_of_a_device_seen_offline_is_read_on_the_next_pass(leader: Leader) -> None:
+    leader.other.set_device_connected("cam-04", connected=False)
+    assert leader.step() == 1
+    assert leader.passes.last() == [DevicePresence("cam-04", False, 1_000_000)]
+    heard = leader.clock.now
+    leader.other.record_presence({"cam-04": (heard, True)}, now_ms=heard)
+    assert leader.step() == 1
+    assert leader.passes.last() == [DevicePresence("cam-04", True, heard)]
+    assert leader.step(8000) == 0  # 11 s after the others' last messages: gone quiet
+    assert len(leader.passes.last()) == len(DEVICES) - 1
+    heard = leader.clock.now
+    leader.other.record_presence({"cam-05": (heard, True)}, now_ms=heard)
+    assert leader.step() == 1
+    assert leader.passes.last() == [DevicePresence("cam-05", True, heard)]
+
+
+def test_a_new_leader_reads_everything_on_its_first_pass(leader: Leader) -> None:
+    assert leader.step() == 0
+    successor = RolloutLoop(leader.other, clock=leader.clock)  # the leader failed over
+    statements = Statements(leader.other)
+    leader.clock.now += 1000
+    successor.pass_once()
+    assert statements.joins() == 1
+
+
+def test_a_missing_slot_leaves_every_pass_reading_everything(leader: Leader) -> None:
+    with leader.other.engine.begin() as conn:
+        conn.execute(delete(fleet_stamp).where(fleet_stamp.c.slot == 0))
+    assert leader.step() == 1
+    assert leader.step() == 1
+
+
+# -- which presence news only refreshes (no database) --------------------------------
+
+#: A device heard at 10 s, with a 5 s heartbeat: online until 20 s.
+ROW = {"cam-1": (10_000, 5000, True)}
+
+
+@pytest.mark.parametrize(
+    ("news", "row", "now_ms", "refresh"),
+    [
+        ({"cam-1": (15_000, True)}, ROW, 15_000, True),
+        ({"cam-1": (15_000, True), "ghost": (None, False)}, ROW, 15_000, True),  # ghost unknown
+        ({"cam-1": (None, True)}, ROW, 15_000, False),  # news only
+        ({"cam-1": (15_000, False)}, ROW, 15_000, False),  # it went
+        ({"cam-1": (9_000, True)}, ROW, 15_000, False),  # older than the stored time
+        ({"cam-1": (15_000, True)}, {"cam-1": (10_000, 5000, False)}, 15_000, False),
+        ({"cam-1": (19_500, True)}, ROW, 20_000 - REFRESH_MARGIN_MS, True),
+        ({"cam-1": (19_500, True)}, ROW, 20_001 - REFRESH_MARGIN_MS, False),  # nearly quiet
+    ],
+)
+def test_only_heartbeats_of_devices_online_anyway_are_refreshes(
+    news: dict[str, tuple[int | None, bool]],
+    row: dict[str, tuple[int, int, bool]],
+    now_ms: int,
+    *,
+    refresh: bool,
+) -> None:
+    assert only_refreshes(news, row, now_ms) is refresh
