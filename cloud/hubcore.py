@@ -252,14 +252,20 @@ class HubCore:
         """
         if device_id in self._known:
             return True
-        age = self._unknown.age(device_id)
-        if age is not None and age < self.limits.unknown_ttl_s:
+        if self.believed_unknown(device_id):
             return False
         if await asyncio.to_thread(self.store.get_device, device_id) is None:
             self._unknown.add(device_id)
             return False
         self._known.add(device_id)
         return True
+
+    def believed_unknown(self, device_id: str) -> bool:
+        """True when the store said within ``unknown_ttl_s`` that it does not know the device."""
+        if device_id in self._known:
+            return False
+        age = self._unknown.age(device_id)
+        return age is not None and age < self.limits.unknown_ttl_s
 
     # -- device messages -------------------------------------------------------------
 
@@ -447,6 +453,10 @@ class HubCore:
 
         A batch the store fails is counted as a store-error drop and kept for the next
         one, under what arrived meanwhile: an offline news is carried by nothing else.
+        The news of a device the store does not know is dropped with its batch, and
+        the device believed unknown (:meth:`believed_unknown`) for ``unknown_ttl_s``:
+        so a broker's retained statuses, replayed to a new hub, are checked a batch
+        at a time rather than one read each.
 
         Raises:
             ProtocolError: a malformed device id (nothing is recorded).
@@ -492,7 +502,7 @@ class HubCore:
         """Write the pending batch; False when the store failed and it was kept."""
         batch, self._presence = self._presence, {}
         try:
-            await asyncio.to_thread(self.store.record_presence, batch)
+            unknown = await asyncio.to_thread(self.store.record_presence, batch)
         except StoreError as exc:
             for device_id, (heard_ms, online) in batch.items():
                 # What arrived meanwhile wins, but news alone keeps the batch's heard time.
@@ -504,6 +514,9 @@ class HubCore:
             detail = f"presence of {len(batch)} devices, kept for the next batch: {exc}"
             self.drop(DropReason.STORE_ERROR, "", detail)
             return False
+        for device_id in unknown:
+            self._unknown.add(device_id)
+        self._known.update(batch.keys() - unknown)
         return True
 
     # -- split and joint inference -----------------------------------------------------

@@ -205,11 +205,12 @@ class DeviceSession:
         The status is the broker's news (retained, or a last will), not a message from
         the device, so the device's last-seen time stays. It is written with the hub's
         next presence batch (:meth:`HubCore.presence`), which counts a failed batch.
-        Ignored for a device that never registered, or when the store fails to say
-        (counted).
+        Ignored (not counted) for a device that never registered: the batch finds it
+        unknown, and later statuses are dropped here while it is believed so. No read
+        of its own: a broker replays every retained status to a new hub at once.
         """
         device = self.claimed or self.device_id
-        if device is not None and await self._known(device, count=False):
+        if device is not None and not self.core.believed_unknown(device):
             await self.core.presence(device, online=online)
 
     async def close(self) -> None:
@@ -258,7 +259,7 @@ class DeviceSession:
         self.device_id = device_id
         self._last_pushed = self.core.revision(replies[-1])
 
-    async def _known(self, device_id: str, *, count: bool = True) -> bool:
+    async def _known(self, device_id: str) -> bool:
         if device_id == self.device_id:
             return True
         try:
@@ -266,7 +267,7 @@ class DeviceSession:
         except StoreError as exc:
             self.drop(DropReason.STORE_ERROR, exc)
             return False
-        if not known and count:
+        if not known:
             self.drop(DropReason.UNKNOWN_DEVICE)
         return known
 

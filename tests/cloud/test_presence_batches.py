@@ -46,13 +46,16 @@ def _flag_and_seen(store: Store, device_id: str) -> tuple[bool, int]:
     return device.online, device.last_seen_ms
 
 
-def _count_writes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Count the store's write transactions from now on (one item each)."""
+def _count_transactions(
+    store: Store, monkeypatch: pytest.MonkeyPatch, *, reads: bool = False
+) -> list[bool]:
+    """Count the store's write transactions (and the reads too, with ``reads``) from now
+    on: one item each, whether it wrote."""
     writes: list[bool] = []
     tx = store._tx
 
     def counted(*, write: bool = False, lock: str = "") -> AbstractContextManager[Connection]:
-        if write:
+        if write or reads:
             writes.append(write)
         return tx(write=write, lock=lock)
 
@@ -67,7 +70,7 @@ def test_news_and_heartbeats_of_many_devices_are_written_in_one_transaction(
     heard = [f"heard-{i}" for i in range(100)]
     _enroll(store, *gone, *heard)
     core = _core(store, tmp_path)
-    writes = _count_writes(store, monkeypatch)
+    writes = _count_transactions(store, monkeypatch)
 
     async def run() -> None:
         before = now_ms()
@@ -87,6 +90,38 @@ def test_news_and_heartbeats_of_many_devices_are_written_in_one_transaction(
 
     asyncio.run(run())
     assert len(writes) == 1
+
+
+def test_a_replay_of_retained_statuses_is_one_transaction_and_drops_unknown_devices(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = [f"cam-{i:04d}" for i in range(800)]
+    ghosts = [f"ghost-{i:04d}" for i in range(200)]
+    _enroll(store, *known)
+    core = _core(store, tmp_path)  # a hub just started: it knows of no device yet
+    monkeypatch.setattr(hubcore, "HEARD_LINGER_S", 3600.0)
+    transactions = _count_transactions(store, monkeypatch, reads=True)
+
+    async def run() -> None:
+        for device_id in known + ghosts:  # as the MQTT adapter's workers hand them over
+            await core.session(device_id).presence(online=False)
+        assert transactions == []  # no read of its own per status
+        await core.close()  # writes the batch at once
+
+    asyncio.run(run())
+    assert transactions == [True]
+    assert core.dropped == {}  # an unknown device's status is ignored, not counted, as before
+    assert all(core.believed_unknown(g) for g in ghosts)
+    assert not any(core.believed_unknown(d) for d in known)
+
+    async def again() -> None:
+        for device_id in ghosts:
+            await core.session(device_id).presence(online=True)
+
+    asyncio.run(again())
+    assert core._presence == {}  # dropped before the batch: no store call at all
+    assert transactions == [True]
+    assert {d.device_id: d.online for d in store.list_devices()} == dict.fromkeys(known, False)
 
 
 def test_the_last_news_of_a_device_wins_and_news_never_freshens_it(
@@ -122,13 +157,13 @@ def _held_writes(
     writing, release = threading.Event(), threading.Event()
     record = store.record_presence
 
-    def held(news: News) -> None:
+    def held(news: News) -> set[str]:
         if not writing.is_set():
             writing.set()
             release.wait(10)
             if fail:
                 raise StoreError("the database went away")
-        record(news)
+        return record(news)
 
     monkeypatch.setattr(store, "record_presence", held)
     return writing, release
