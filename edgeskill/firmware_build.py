@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,14 +41,30 @@ __all__ = [
     "build_bundle",
     "build_image",
     "build_rootfs",
+    "cache_dir",
     "download_wheels",
     "ensure_tools",
 ]
 
-CACHE = REPO / ".build" / "firmware"
 _QEMU = {"aarch64": "qemu-aarch64-static", "x86_64": "qemu-x86_64-static"}
 _STEP_TIMEOUT_S = 3600
 Say = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    """Where image builds keep downloaded wheels and debootstrapped bases, for every checkout.
+
+    ``$EDGESKILL_CACHE_DIR/firmware`` if that is set, else ``$XDG_CACHE_HOME/edgeskill/firmware``
+    (``~/.cache/edgeskill/firmware``): a base takes minutes to debootstrap (far more on a
+    foreign architecture, under qemu), and depends only on its suite, architecture and
+    packages, so a new clone reuses it, as pip reuses its wheel cache. Wheels are checked
+    against the lock's sha256 every time they are taken from it.
+    """
+    own = os.environ.get("EDGESKILL_CACHE_DIR")
+    if own:
+        return Path(own) / "firmware"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "edgeskill" / "firmware"
 
 
 class ImageBuildError(Exception):
@@ -191,7 +209,7 @@ def _agent_wheel(wheelhouse: Path, say: Say) -> Path:
 
 def download_wheels(recipe: Recipe, lock: Path, wheelhouse: Path, say: Say) -> None:
     """The lock's wheels, through a cache; pip checks every sha256 (``--require-hashes``)."""
-    cache = CACHE / "wheels" / recipe.arch
+    cache = cache_dir() / "wheels" / recipe.arch
     cache.mkdir(parents=True, exist_ok=True)
     say(f"downloading the {recipe.target} wheelhouse ({recipe.arch}) into {cache}")
     argv = [
@@ -235,13 +253,27 @@ def build_rootfs(recipe: Recipe, bundle: Path, out: Path, say: Say) -> Path:
 def base_rootfs(recipe: Recipe, say: Say) -> Path:
     """The debootstrapped base as a tar, built once per suite, architecture and packages."""
     key = f"base-{recipe.suite}-{recipe.debian_arch}-{'+'.join(recipe.base_packages)}"
-    cached = CACHE / "cache" / f"{key}.tar"
+    cached = cache_dir() / "cache" / f"{key}.tar"
     if cached.exists():
         return cached
     ensure_tools(recipe.arch)
-    root = CACHE / key
-    if root.exists():
-        shutil.rmtree(root)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # Built in a folder of its own and cached by a rename: another build of the same
+    # base at the same time, or one killed half-way, never leaves a partial one cached.
+    root = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cached.parent))
+    root.chmod(0o755)  # the image's "/" (mkdtemp makes it 0700)
+    partial = root.with_suffix(".tar.partial")
+    try:
+        _debootstrap(recipe, root, say)
+        _run(["tar", "-C", str(root), "-cf", str(partial), "."], "caching the base")
+        partial.replace(cached)
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+    return cached
+
+
+def _debootstrap(recipe: Recipe, root: Path, say: Say) -> None:
     foreign = recipe.arch != _machine()
     argv = ["debootstrap", "--variant=minbase", f"--arch={recipe.debian_arch}"]
     argv += [f"--include={','.join(recipe.base_packages)}"] if recipe.base_packages else []
@@ -256,10 +288,6 @@ def base_rootfs(recipe: Recipe, say: Say) -> Path:
             )
         shutil.copy2(qemu, root / "usr" / "bin" / Path(qemu).name)
         _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], "second stage")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    _run(["tar", "-C", str(root), "-cf", str(cached), "."], "caching the base")
-    shutil.rmtree(root)
-    return cached
 
 
 def ensure_tools(arch: str) -> None:

@@ -4,7 +4,7 @@ Run: ``python tests/bench/bench_footprint.py [--profiles arm64-cpu,...]``
 
 * ``install_mb``: the agent's dependency set for the profile's architecture, installed:
   the uncompressed size of every wheel in ``firmware_images/locks/<profile>.lock`` plus
-  the agent's own wheel (wheels are downloaded once into .build/firmware/wheels);
+  the agent's own wheel (wheels are downloaded once into ~/.cache/edgeskill/firmware/wheels);
 * ``idle_rss_mb``: the agent installed and started as the firmware images do it: the
   lock's wheels of the target whose architecture is this machine's (x86-gateway on
   x86_64) and the agent's wheel unpacked and compiled by

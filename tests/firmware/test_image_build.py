@@ -1,7 +1,7 @@
 """``edgeskill image build``: the agent bundle's contents, per target, and its installer.
 
 The arm64-cpu bundle is built with its wheelhouse (downloaded once into
-.build/firmware/wheels, every wheel checked against the lock's sha256) and installed
+~/.cache/edgeskill/firmware/wheels, every wheel checked against the lock's sha256) and installed
 into a folder with the bundle's own stdlib installer; the other targets' bundles are
 checked without their wheelhouses (Jetson's onnxruntime-gpu alone is hundreds of MB).
 """
