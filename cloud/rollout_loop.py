@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 #: How often the leader moves rollouts along.
 ROLLOUT_TICK_S = 1.0
+#: Longest a pass takes the fleet stamp's word that no target's row changed.
+REREAD_MS = 30_000
 
 
 def plan_of(rollout: RolloutRecord) -> RolloutPlan:
@@ -111,6 +113,8 @@ class LastPass:
     None when another process wrote it first. ``facts``: what the pass read.
     ``now_ms``: its time. ``quiet_ms``: the earliest time a target it last saw
     online turns offline by silence alone. ``targets``: its :class:`Targets` event.
+    ``rows_read_ms``: when the targets' rows in ``facts`` were last read (not
+    reused on the fleet stamp's word).
     """
 
     state: str | None
@@ -118,6 +122,7 @@ class LastPass:
     now_ms: int
     quiet_ms: int
     targets: Targets
+    rows_read_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -380,10 +385,18 @@ class RolloutLoop:
         # Heartbeats of devices online anyway change no presence before the first
         # device the last read saw online could go quiet: until then its rows stand.
         moot = last is not None and last.now_ms <= now < last.quiet_ms
+        # The stamp's word is taken for a while only: a writer that does not bump it
+        # (a hub process of an older version, during a rolling upgrade) is read late,
+        # never missed.
+        reread = last is not None and not 0 <= now - last.rows_read_ms < REREAD_MS
         try:
             tally = self._tallies.setdefault(dep_id, KpiTally())
             facts = self._store.rollout_facts(
-                rollout, tally, None if last is None else last.facts, refreshes_moot=moot
+                rollout,
+                tally,
+                None if last is None else last.facts,
+                refreshes_moot=moot,
+                reread=reread,
             )
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
@@ -393,7 +406,11 @@ class RolloutLoop:
         change = update_for(rollout, plan, (events.facts, events.controls))
         written = change is not None and self._store.save_rollout(change, now_ms=now)
         left = rollout.state if change is None else change.state if written else None
-        self._last[dep_id] = LastPass(left, facts, now, events.quiet_ms, events.targets)
+        reused = last is not None and facts.rows is last.facts.rows
+        read_ms = last.rows_read_ms if reused and last is not None else now
+        self._last[dep_id] = LastPass(
+            left, facts, now, events.quiet_ms, events.targets, rows_read_ms=read_ms
+        )
         for message in change.messages if change is not None and written else ():
             log.info("%s", message)
         return written

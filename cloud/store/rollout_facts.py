@@ -85,6 +85,7 @@ def read_facts(
     *,
     stamp: Stamp | None = None,
     refreshes_moot: bool = False,
+    reread: bool = False,
 ) -> RolloutFacts:
     """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
 
@@ -94,13 +95,17 @@ def read_facts(
     ``stamp``: the fleet stamp, read in this transaction before anything else;
     when it says no write changed the rows since ``last`` read them (refreshes
     aside when ``refreshes_moot``, see :func:`cloud.store.fleet_stamp.reusable`),
-    they are not read again.
+    they are not read again, unless ``reread``.
 
     Raises:
         StoreError: Stored data is corrupt.
     """
     changed: frozenset[str] | None
-    if last is not None and reusable(last.stamp, stamp, refreshes_moot=refreshes_moot):
+    if (
+        not reread
+        and last is not None
+        and reusable(last.stamp, stamp, refreshes_moot=refreshes_moot)
+    ):
         # The rows are last's, so is the stamp they were read at: refreshes skipped
         # here are still news to a later read to which they are not moot.
         targets, reports = last.targets, last.reports

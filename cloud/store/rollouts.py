@@ -251,6 +251,7 @@ class RolloutTables(StoreBase):
         last: RolloutFacts | None = None,
         *,
         refreshes_moot: bool = False,
+        reread: bool = False,
     ) -> RolloutFacts:
         """Read what the fleet shows ``rollout`` now, in one transaction.
 
@@ -262,6 +263,7 @@ class RolloutTables(StoreBase):
         is read (see :func:`cloud.store.rollout_facts.read_facts`).
         ``refreshes_moot``: heartbeats of devices online anyway change nothing the
         caller derives from ``last`` yet (see :mod:`cloud.store.fleet_stamp`).
+        ``reread``: read the rows whatever the stamp says.
 
         Raises:
             NotFoundError: The deployment's group is gone.
@@ -280,6 +282,7 @@ class RolloutTables(StoreBase):
                 last,
                 stamp=stamp,
                 refreshes_moot=refreshes_moot,
+                reread=reread,
             )
 
     def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:

@@ -17,9 +17,9 @@ from sqlalchemy import delete, event
 
 from cloud.rollout.events import DevicePresence
 from cloud.rollout.plan import plan_from_dict
-from cloud.rollout_loop import RolloutLoop
+from cloud.rollout_loop import REREAD_MS, RolloutLoop
 from cloud.store import SkillStatusRecord, Store
-from cloud.store.fleet_stamp import REFRESH_MARGIN_MS, only_refreshes, read_stamp
+from cloud.store.fleet_stamp import REFRESH_MARGIN_MS, SLOTS, only_refreshes, read_stamp
 from cloud.store.schema import fleet_stamp
 from cloud.store.store import open_store
 from tests.cloud.test_rollout_passes import PATIENT, Passes
@@ -224,6 +224,24 @@ def test_a_missing_slot_leaves_every_pass_reading_everything(leader: Leader) -> 
         conn.execute(delete(fleet_stamp).where(fleet_stamp.c.slot == 0))
     assert leader.step() == 1
     assert leader.step() == 1
+
+
+def test_a_write_that_moves_no_stamp_is_still_read_within_the_reread_time(leader: Leader) -> None:
+    # A hub process of an older version writes a report without bumping the stamp.
+    with leader.other.engine.begin() as conn:
+        before = read_stamp(conn)
+    report(leader.other, "cam-01", "1.0.0", "failed", "2.0.0", leader.clock.now)
+    with leader.other.engine.begin() as conn:
+        conn.execute(delete(fleet_stamp))  # put the counters back as they were
+        conn.execute(
+            fleet_stamp.insert(),
+            [{"slot": i, "changes": 0, "refreshes": 0} for i in range(1, SLOTS)]
+            + [{"slot": 0, "changes": before[0], "refreshes": before[1]}],
+        )
+    reads = [leader.step(REREAD_MS // 3) for _ in range(4)]
+    assert reads[:2] == [0, 0]  # the stamp's word, for a while
+    assert 1 in reads[2:]  # then read again whatever it says
+    assert leader.as_read_in_full()
 
 
 # -- which presence news only refreshes (no database) --------------------------------
