@@ -62,17 +62,18 @@ class Guess:
     cached_target: Path | None
     cap: Callable[[str], int]
     asked: list[str] = field(default_factory=list)
-    _step: int = 0
+    _stopped: bool = False
 
     def follow(self, answers: Sequence[FetchResult]) -> list[tuple[str, int]]:
         """The next trip's request after ``answers``, the answers of the last; none ends it."""
-        step, self._step = self._step, self._step + 1
-        try:
-            request = self._next(step, answers)
-        except _GUESS_ERRORS:
-            request = None
+        request = None
+        if not self._stopped:
+            try:
+                request = self._next(len(self.asked), answers)  # one guess per trip so far
+            except _GUESS_ERRORS:
+                request = None
         if request is None:
-            self._step = 99
+            self._stopped = True
             return []
         self.asked.append(request[0])
         return [request]
