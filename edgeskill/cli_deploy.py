@@ -36,7 +36,7 @@ def deploy_create(
         str | None,
         typer.Option(
             metavar="STRATEGY",
-            help="all-at-once (default), canary, waves or ab; over the plan's.",
+            help="all-at-once (default), canary, waves, rolling or ab; over the plan's.",
         ),
     ] = None,
     canary: Annotated[

@@ -26,7 +26,7 @@ ConfigKey = Annotated[
 ConfigValue = Annotated[str, StringConstraints(max_length=limits.MAX_CONFIG_VALUE_BYTES)]
 Window = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 #: The rollout strategies (:mod:`cloud.rollout`).
-Strategy = Literal["all-at-once", "canary", "waves", "ab"]
+Strategy = Literal["all-at-once", "canary", "waves", "rolling", "ab"]
 #: Most keys of a rollout plan table (it has a dozen; nested gates add a few).
 _MAX_PLAN_KEYS = 32
 

@@ -2,7 +2,7 @@
 
 Everything here is a function of records; the store feeds it and writes back
 what it returns. An ``all-at-once`` deployment reaches every device its group
-selects; a staged one (``canary``, ``waves``, ``ab``) reaches the devices its
+selects; a staged one (``canary``, ``waves``, ``rolling``, ``ab``) reaches the devices its
 rollout admitted, as the state machine of :mod:`cloud.rollout.engine` decides
 from its plan (:mod:`cloud.rollout.plan`) and gates (:mod:`cloud.rollout.gates`).
 """

@@ -13,6 +13,10 @@ clock, event time)`` and runs it to a fixed point, so evaluating twice at one
 instant equals once, and facts that arrive duplicated, late or reordered
 between two evaluations give the same result.
 
+A ``rolling`` plan's first wave is its canary; after it has reported and
+soaked, every evaluation fills the places its reports freed, up to
+``max_in_flight``, while every gate passes: each such fill is a wave.
+
 Invariants: no more devices in flight than the open wave allows; a wave opens
 only while every gate passes, inside a maintenance window, neither paused nor
 fleet-stopped; a failing gate reverts every admitted device to the version it
@@ -191,7 +195,10 @@ def _wave_size(plan: RolloutPlan, k: int, state: RolloutState, remaining: int) -
     if plan.canary is not None and k == 0:
         return plan.canary.size(len(state.targets), plan.device_samples)
     k -= plan.canary is not None
-    size = plan.waves.size(k) if plan.waves is not None else remaining
+    if plan.rolling is not None:
+        size = plan.rolling.max_in_flight
+    else:
+        size = plan.waves.size(k) if plan.waves is not None else remaining
     return max(size, plan.device_samples - len(state.admitted))
 
 
@@ -220,6 +227,43 @@ def _open_wave(plan: RolloutPlan, state: RolloutState, out: list[Decision]) -> R
         wave_limit=size,
         wave_opened_ms=state.clock_ms,
         hold_since_ms=-1,
+    )
+
+
+def _movable(plan: RolloutPlan, state: RolloutState) -> bool:
+    """Whether devices may be moved now: neither held nor outside the maintenance windows."""
+    return not state.paused_reason and plan.in_window(state.clock_ms)
+
+
+def _complete(state: RolloutState, out: list[Decision]) -> RolloutState:
+    out.append(Completed())
+    return replace(state, stage=Phase.COMPLETED, reason="completed")
+
+
+def _roll(
+    plan: RolloutPlan,
+    state: RolloutState,
+    flying: frozenset[str],
+    results: tuple[GateResult, ...],
+    out: list[Decision],
+) -> RolloutState:
+    """A rolling rollout past its first wave: fill the places reports freed, or complete."""
+    if any(r.verdict is not Verdict.PASS for r in results):
+        return state
+    remaining = state.targets - state.admitted.keys()
+    if not remaining:
+        return state if flying else _complete(state, out)
+    limit = plan.rolling.max_in_flight if plan.rolling is not None else len(remaining)
+    room = limit - len(flying)
+    if room <= 0 or not _movable(plan, state):
+        return state
+    state = _admit(plan, state, sorted(remaining, key=_order)[:room], out)
+    return replace(
+        state,
+        stage=Phase.WAVE,
+        waves_opened=state.waves_opened + 1,
+        wave_limit=limit,
+        wave_opened_ms=state.clock_ms,
     )
 
 
@@ -255,7 +299,7 @@ def _advance(
     out: list[Decision],
 ) -> RolloutState:
     """One move along the stages, or ``state`` itself when there is none to make."""
-    movable = not state.paused_reason and plan.in_window(state.clock_ms)
+    movable = _movable(plan, state)
     if state.stage is Phase.PENDING:
         return _open_wave(plan, state, out) if movable and state.targets_at_ms >= 0 else state
     if flying:
@@ -265,8 +309,7 @@ def _advance(
     if any(r.verdict is not Verdict.PASS for r in results):
         return state
     if not state.targets - state.admitted.keys():
-        out.append(Completed())
-        return replace(state, stage=Phase.COMPLETED, reason="completed")
+        return _complete(state, out)
     due = state.clock_ms - state.wave_opened_ms >= plan.wave_interval_s * 1000
     return _open_wave(plan, state, out) if movable and due else state
 
@@ -274,7 +317,7 @@ def _advance(
 def _after_completion(plan: RolloutPlan, state: RolloutState, out: list[Decision]) -> RolloutState:
     """A finished rollout reaches devices that join its group later (inside the windows)."""
     newcomers = state.targets - state.admitted.keys()
-    if not newcomers or state.paused_reason or not plan.in_window(state.clock_ms):
+    if not newcomers or not _movable(plan, state):
         return state
     state = _admit(plan, state, sorted(newcomers, key=_order), out)
     return replace(state, wave_limit=len(_scan(plan, state, state.clock_ms)[1]))
@@ -303,7 +346,8 @@ def _run_stages(plan: RolloutPlan, state: RolloutState, out: list[Decision]) -> 
         ended = _stop(state, results, out)
         if ended is not None:
             return ended
-        moved = _advance(plan, state, flying, results, out)
+        rolling = plan.rolling is not None and state.hold_since_ms >= 0  # past its first wave
+        moved = (_roll if rolling else _advance)(plan, state, flying, results, out)
         if moved is state or moved.stage is Phase.COMPLETED:
             return moved
         state = moved

@@ -1,7 +1,7 @@
 """Rollout plans: how a deployment moves through the devices its group selects (pure, no I/O).
 
-A plan names a strategy (``all-at-once``, ``canary``, ``waves`` or ``ab``),
-the gates that must hold between waves, how long to soak, maintenance windows
+A plan names a strategy (``all-at-once``, ``canary``, ``waves``, ``rolling``
+or ``ab``), the gates that must hold between waves, how long to soak, maintenance windows
 and a priority. It is read from a small TOML text or the equivalent mapping,
 and written back with :meth:`RolloutPlan.to_dict`, so it can be stored beside
 its deployment. Every mistake is a :class:`~cloud.errors.ValidationError`
@@ -21,6 +21,18 @@ Example::
     [gates]
     install_failure = "10%"
     accuracy_drop = 2.0
+
+A ``rolling`` plan keeps a bounded number of devices in flight instead of
+opening waves of growing size: its first ``max_in_flight`` devices (at least
+the gates' samples) are a canary that must report, soak and pass the gates;
+after that, each device that reports frees its place for the next one while
+every gate passes, and a failing gate stops it and reverts every moved device
+as for waves. ``wave_interval_s`` does not apply (``soak_s`` holds after the
+first devices)::
+
+    strategy = "rolling"
+    [rolling]
+    max_in_flight = 300
 
 A plan may also set ``baseline_since_ms`` (ms since the Unix epoch): the KPI
 gates then judge the baseline versions only on telemetry windows that end at
@@ -46,6 +58,7 @@ __all__ = [
     "AbSplit",
     "Canary",
     "PlanStrategy",
+    "Rolling",
     "RolloutPlan",
     "Waves",
     "Window",
@@ -67,6 +80,7 @@ class PlanStrategy(enum.StrEnum):
     ALL_AT_ONCE = "all-at-once"
     CANARY = "canary"
     WAVES = "waves"
+    ROLLING = "rolling"
     AB = "ab"
 
 
@@ -174,6 +188,13 @@ class Waves:
 
 
 @dataclass(frozen=True)
+class Rolling:
+    """A rolling rollout: at most ``max_in_flight`` devices moved and not yet reported."""
+
+    max_in_flight: int = 100
+
+
+@dataclass(frozen=True)
 class AbSplit:
     """An A/B test: ``weight`` percent of the group takes the new version, the rest ``control``."""
 
@@ -188,6 +209,7 @@ class RolloutPlan:
     strategy: PlanStrategy = PlanStrategy.ALL_AT_ONCE
     canary: Canary | None = None
     waves: Waves | None = None
+    rolling: Rolling | None = None
     ab: AbSplit | None = None
     gates: tuple[Gate, ...] = DEFAULT_GATES
     soak_s: float = 0.0
@@ -208,6 +230,7 @@ class RolloutPlan:
         wants = {
             PlanStrategy.CANARY: self.canary,
             PlanStrategy.WAVES: self.waves,
+            PlanStrategy.ROLLING: self.rolling,
             PlanStrategy.AB: self.ab,
         }
         if self.strategy in wants and wants[self.strategy] is None:
@@ -252,6 +275,8 @@ class RolloutPlan:
                 "increment_factor": self.waves.increment_factor,
                 "max_per_min": self.waves.max_per_min,
             }
+        if self.rolling is not None:
+            out["rolling"] = {"max_in_flight": self.rolling.max_in_flight}
         if self.ab is not None:
             out["ab"] = {"control": self.ab.control, "weight": self.ab.weight}
         if self.baseline_since_ms is not None:  # left out when unset, as in plans stored before it
@@ -319,6 +344,11 @@ def _waves(data: Mapping[str, Any]) -> Waves:
     return Waves(base, _number(spec, "increment_factor", 2.0, 1.0, 5.0), top)
 
 
+def _rolling(data: Mapping[str, Any]) -> Rolling:
+    spec = _table(data, "rolling", ("max_in_flight",))
+    return Rolling(_whole(spec, "max_in_flight", 100, 1, 100_000))
+
+
 def _ab(data: Mapping[str, Any]) -> AbSplit:
     spec = _table(data, "ab", ("control", "weight"))
     control = spec.get("control")
@@ -333,6 +363,7 @@ def _only_for(data: Mapping[str, Any], strategy: PlanStrategy, uses_waves: bool)
         "canary": strategy is PlanStrategy.CANARY,
         "then": strategy is PlanStrategy.CANARY,
         "waves": uses_waves,
+        "rolling": strategy is PlanStrategy.ROLLING,
         "ab": strategy is PlanStrategy.AB,
     }
     for key, ok in applies.items():
@@ -376,6 +407,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> RolloutPlan:
         strategy=strategy,
         canary=canary,
         waves=_waves(data) if uses_waves else None,
+        rolling=_rolling(data) if strategy is PlanStrategy.ROLLING else None,
         ab=_ab(data) if strategy is PlanStrategy.AB else None,
         gates=parse_gates(data["gates"]) if "gates" in data else DEFAULT_GATES,
         soak_s=_number(data, "soak_s", 0.0, 0, 30 * 86_400),

@@ -4,7 +4,7 @@ A strategy only narrows: it says whether a device the group selects takes the
 deployment now. A device a strategy leaves out keeps what older deployments
 give it, which is exactly what a canary or a wave needs (the rest of the fleet
 stays on the previous version). ``all-at-once`` reaches every selected device
-at once; the staged strategies (``canary``, ``waves``, ``ab``) reach only the
+at once; the staged strategies (``canary``, ``waves``, ``rolling``, ``ab``) reach only the
 devices their rollout engine (:mod:`cloud.rollout.engine`) has admitted, which
 the rule receives as :attr:`ActiveDeployment.admitted`.
 """
@@ -24,6 +24,7 @@ class Strategy(enum.StrEnum):
     ALL_AT_ONCE = "all-at-once"
     CANARY = "canary"
     WAVES = "waves"
+    ROLLING = "rolling"
     AB = "ab"
 
     @property

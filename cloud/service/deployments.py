@@ -318,6 +318,24 @@ class DeploymentService:
             self._store.get_deployment(deployment_id, project=project)
         return self._rollouts([deployment_id]).get(deployment_id)
 
+    def admissions(self, deployment_id: int, *, project: str | None = None) -> dict[str, int]:
+        """When a staged rollout admitted each device it has moved and still holds.
+
+        The hub's own record (ms since the Unix epoch, the leader's clock): the
+        instant the device's wave opened, just before its desired state was
+        written. Empty all at once, and after a rollback (the devices are back).
+
+        Raises:
+            NotFoundError: ``project`` is given and has no deployment with that id.
+            StoreError: The store failed or holds corrupt data.
+        """
+        if project is not None:
+            self._store.get_deployment(deployment_id, project=project)
+        rec = self._store.rollouts_of([deployment_id]).get(deployment_id)
+        if rec is None:
+            return {}
+        return {d: a.at_ms for d, a in RolloutState.from_json(rec.state).admitted.items()}
+
     def _rollouts(self, ids: builtins.list[int]) -> dict[int, RolloutView]:
         now = self._clock()
         views = {}

@@ -367,11 +367,12 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
 
     The fleet's first deployment goes all at once: there is no running version
     for a canary's gates to compare with. Later ones follow ``--strategy`` and
-    ``--plan``. Each device's time to active counts from its wave's opening: the
-    deployment when all at once, staged the first look that finds the hub's desired
-    state for the device changed since the deployment (the rollout admitted it), to
-    when the hub recorded the report of it running (all at once; see
-    :func:`_seen_at`) or the look that found it (staged).
+    ``--plan``. Each device's time to active counts from its wave's opening to
+    when the hub recorded the report of it running (see :func:`_seen_at`). The
+    opening is the deployment when all at once; staged, it is the hub's record of
+    when the rollout admitted the device, read once it has settled (a rolled-back
+    rollout holds none: then the first look that found the hub's desired state for
+    the device changed since the deployment, to the look that found it running).
     All at once, the deployment has settled when every device runs
     ``version`` or failed it; staged, when its rollout has ended and the fleet
     shows the end: every device on ``version`` (or failed it) when it completed,
@@ -387,7 +388,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started, wall_started = time.monotonic(), time.time()
     cpu_before = run.cpu_s()
-    active: dict[str, float] = {}
+    active: dict[str, tuple[float, float]] = {}  # the look that found it running, the hub's
     opened: dict[str, float] = {}  # staged: when the device's wave was seen open
     generation = {v.device_id: v.desired_generation for v in run.views}
     ended: list[tuple[str, str]] = []
@@ -400,7 +401,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
                 opened.setdefault(view.device_id, now)  # the hub wants something new of it
             state = view.skill(SKILL)
             if state is not None and (state.version, state.state) == (version, "running"):
-                active.setdefault(view.device_id, _seen_at(view, now, wall_started, staged))
+                active.setdefault(view.device_id, (now, _seen_at(view, now, wall_started)))
         count = progress.counts.get(version, VersionCount())
         peak["failed"] = max(peak["failed"], count.failed)
         moved = count.running + count.failed >= len(run.views) > 0
@@ -423,12 +424,16 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     hub_cpu, agents_cpu = hub_after - cpu_before[0], agents_after - cpu_before[1]
     outcome, reason = ended[0] if ended else ("completed" if settled else "", "")
     took = time.monotonic() - started
+    admitted = run.service.deployments.admissions(dep.id) if staged else {}
+    if admitted:  # the hub's records of each admission: look times are left aside
+        opened = {d: max(0.0, at / 1000 - wall_started) for d, at in admitted.items()}
+    found = {d: seen[0] if staged and not admitted else seen[1] for d, seen in active.items()}
     if staged:  # from the wave's opening; a device never seen admitted is left out
-        waited = [t - opened[d] for d, t in active.items() if d in opened]
+        waited = [t - opened[d] for d, t in found.items() if d in opened]
     else:
-        waited = list(active.values())
-        if settled and waited and len(waited) == len(run.views):
-            took = max(waited)  # the hub's record of the last device, not the look after it
+        waited = list(found.values())
+    if settled and found and len(found) == len(run.views) and (admitted or not staged):
+        took = max(found.values())  # the hub's record of the last device, not the look after
     return _Deployed(
         settled,
         took,
@@ -439,19 +444,18 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
         peak["failed"],
         hub_cpu,
         agents_cpu,
-        waves_of(opened, active) if staged else [],
+        waves_of(opened, found) if staged else [],
     )
 
 
-def _seen_at(view: DeviceView, now: float, wall_started: float, staged: bool) -> float:
+def _seen_at(view: DeviceView, now: float, wall_started: float) -> float:
     """When the hub saw ``view`` run the version, in seconds from the deployment.
 
-    All at once, the hub's record of the report (same machine, same clock) when it
-    is earlier than this look: a look of a large fleet comes seconds apart, and
-    would count every device that became active in between as active at the look.
-    Staged, the look's time, as the wave's opening is the look's too.
+    The hub's record of the report (same machine, same clock) when it is earlier
+    than this look: a look of a large fleet comes seconds apart, and would count
+    every device that became active in between as active at the look.
     """
-    if staged or view.reported_ms is None:
+    if view.reported_ms is None:
         return now
     return min(now, max(0.0, view.reported_ms / 1000 - wall_started))
 

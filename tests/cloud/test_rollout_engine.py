@@ -228,6 +228,8 @@ def _allowance(plan: RolloutPlan, k: int, targets: int, admitted_before: int) ->
             share = math.ceil(targets * plan.canary.percent / 100)
             return min(targets, plan.canary.count or max(share, floor))
         k -= 1
+    if plan.rolling is not None:
+        return max(plan.rolling.max_in_flight, floor - admitted_before)
     if plan.waves is None:
         return targets
     rate = plan.waves.base_rate_per_min * plan.waves.increment_factor ** min(k, 64)
@@ -364,6 +366,75 @@ def test_unhealthy_after_start_stops_the_rollout() -> None:
     assert sim.state.phase is Phase.ROLLED_BACK and "unhealthy after start" in sim.state.reason
 
 
+ROLLING = {"strategy": "rolling", "rolling": {"max_in_flight": 30}, "min_samples": 20}
+
+
+def test_rolling_keeps_its_places_filled_and_completes() -> None:
+    plan = _plan(**ROLLING, soak_s=60, gates={"install_failure": "10%"})
+    sim = Sim(plan, World(200, fail=0.01, seed=3))
+    sim.start()
+    fills: list[tuple[int, int]] = []  # (devices admitted, devices still in flight beside them)
+    now = T0
+    while sim.state.stage is not Phase.COMPLETED and now < T0 + 3600_000:
+        now += 5_000
+        while sim.queue and sim.queue[0][0] <= now:
+            sim.feed(heapq.heappop(sim.queue)[2])
+        before, seen = in_flight(plan, sim.state), len(sim.decisions)
+        sim.feed(Tick(now))  # Sim._check asserts the invariants at every step
+        admitted = [d for d in sim.decisions[seen:] if isinstance(d, Admit)]
+        if admitted and sim.state.waves_opened > 1:
+            fills.append((len(admitted[-1].devices), len(before)))
+            # past the first wave, every free place is taken at once while gates pass
+            assert len(in_flight(plan, sim.state)) == min(
+                30, len(before) + len(admitted[-1].devices)
+            )
+    assert sim.state.phase is Phase.COMPLETED and set(sim.state.admitted) == set(sim.devices)
+    first = next(d for d in sim.decisions if isinstance(d, Admit))
+    assert len(first.devices) == 30  # the first wave: a canary of max_in_flight devices
+    assert len(fills) > 5 and any(flying for _, flying in fills)  # filled while others install
+    assert sim.state.wave_limit == 30
+
+
+def test_rolling_with_twenty_percent_failing_stops_at_its_first_wave() -> None:
+    plan = _plan(**ROLLING, gates={"install_failure": "10%"})
+    sim = Sim(plan, World(200, fail=0.2, seed=1)).go()
+    admits = [d for d in sim.decisions if isinstance(d, Admit)]
+    assert [len(d.devices) for d in admits] == [30]
+    assert sim.state.phase is Phase.ROLLED_BACK
+    assert sim.state.reason.startswith("gate failed: install failures")
+
+
+def test_rolling_stopped_by_failures_after_its_first_wave_reverts_every_moved_device() -> None:
+    plan = _plan(**ROLLING, gates={"install_failure": "10%"})
+    devices = frozenset(f"cam-{i:03d}" for i in range(100))
+    state, first = step(plan, RolloutState(NEW), Targets(devices, dict.fromkeys(devices, OLD), T0))
+    canary = first[0].devices  # type: ignore[union-attr]
+    state, _ = run(plan, state, [DeviceOutcome(d, NEW, "running", T0 + 1) for d in canary])
+    state, filled = step(plan, state, Tick(T0 + 2))
+    moved = filled[0].devices  # type: ignore[union-attr]
+    assert len(moved) == 30 and moved.isdisjoint(canary)  # every place refilled
+    state, _ = run(
+        plan, state, [DeviceOutcome(d, NEW, "failed", T0 + 3) for d in sorted(moved)[:10]]
+    )
+    state, decisions = step(plan, state, Tick(T0 + 4))
+    assert _kinds(decisions) == [Revert, Aborted]  # 10 of 40 failed: no place refilled
+    assert decisions[0].devices == canary | moved  # type: ignore[union-attr]
+    assert "install failures 25.0% (10 of 40)" in state.reason
+
+
+def test_rolling_fills_no_place_while_paused() -> None:
+    plan = _plan(**ROLLING, gates={"install_failure": "10%"})
+    devices = frozenset(f"cam-{i:03d}" for i in range(100))
+    state, first = step(plan, RolloutState(NEW), Targets(devices, dict.fromkeys(devices, OLD), T0))
+    canary = first[0].devices  # type: ignore[union-attr]
+    state, _ = step(plan, state, Command("pause", T0 + 1))
+    state, _ = run(plan, state, [DeviceOutcome(d, NEW, "running", T0 + 2) for d in canary])
+    state, decisions = step(plan, state, Tick(T0 + 3))
+    assert decisions == () and state.phase is Phase.PAUSED and len(state.admitted) == 30
+    state, decisions = step(plan, state, Command("resume", T0 + 4))
+    assert [len(d.devices) for d in decisions if isinstance(d, Admit)] == [30]
+
+
 # --- the operator ----------------------------------------------------------------------------
 
 
@@ -451,7 +522,9 @@ CONTROLS = [
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
-    strategy = draw(st.sampled_from(["all-at-once", "canary", "canary", "waves", "waves", "ab"]))
+    strategy = draw(
+        st.sampled_from(["all-at-once", "canary", "canary", "waves", "waves", "rolling", "ab"])
+    )
     data: dict[str, Any] = {
         "strategy": strategy,
         "min_samples": draw(st.integers(1, 30)),
@@ -471,6 +544,8 @@ def scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
             "increment_factor": draw(st.sampled_from([1.0, 1.5, 2.0, 5.0])),
             "max_per_min": draw(st.integers(50, 200)),
         }
+    if strategy == "rolling":
+        data["rolling"] = {"max_in_flight": draw(st.integers(1, 80))}
     if strategy == "ab":
         data["ab"] = {"control": OLD, "weight": draw(st.integers(1, 99))}
     day = draw(st.sampled_from(["", "", "daily", "mon", "tue"]))  # "": no window
@@ -525,7 +600,7 @@ def test_invariants_hold_on_random_rollouts(scenario: tuple[RolloutPlan, World])
 
 @st.composite
 def healthy_wave_scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
-    then = draw(st.sampled_from(["waves", "canary"]))
+    then = draw(st.sampled_from(["waves", "canary", "rolling"]))
     data: dict[str, Any] = {
         "strategy": then,
         "min_samples": draw(st.integers(1, 30)),
@@ -540,6 +615,9 @@ def healthy_wave_scenarios(draw: st.DrawFn) -> tuple[RolloutPlan, World]:
     }
     if then == "canary":
         data |= {"canary": f"{draw(st.integers(1, 20))}%", "then": "waves"}
+    if then == "rolling":  # fewer places than devices: it fills them more than once
+        data = {k: v for k, v in data.items() if k != "waves"}
+        data["rolling"] = {"max_in_flight": draw(st.integers(1, 50))}
     pauses = draw(st.lists(st.integers(0, 1200), max_size=4, unique=True))  # ties: pause wins
     world = World(
         size=draw(st.integers(60, 300)),

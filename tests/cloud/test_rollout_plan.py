@@ -21,6 +21,7 @@ from cloud.rollout.gates import (
 from cloud.rollout.plan import (
     DAYS,
     PlanStrategy,
+    Rolling,
     RolloutPlan,
     parse_plan,
     parse_window,
@@ -92,6 +93,10 @@ def test_an_empty_plan_is_all_at_once() -> None:
         ({"strategy": "waves", "waves": {"increment_factor": 9}}, "9"),
         ({"strategy": "waves", "waves": {"base": 3}}, "'base'"),
         ({"strategy": "waves", "waves": {"base_rate_per_min": 50, "max_per_min": 5}}, "5"),
+        ({"strategy": "rolling", "rolling": {"max_in_flight": 0}}, "0"),
+        ({"strategy": "rolling", "rolling": {"max_in_flight": 2.5}}, "2.5"),
+        ({"strategy": "rolling", "rolling": {"size": 3}}, "'size'"),
+        ({"strategy": "waves", "rolling": {"max_in_flight": 3}}, "rolling"),
         ({"strategy": "ab"}, "None"),
         ({"strategy": "ab", "ab": {"control": "1.0", "weight": 100}}, "100"),
         ({"canary": "10%"}, "canary"),
@@ -126,6 +131,13 @@ def test_unreadable_toml_is_refused_in_one_line() -> None:
     with pytest.raises(ValidationError, match="not valid TOML") as err:
         parse_plan('strategy = "canary\n')
     assert "\n" not in str(err.value)
+
+
+def test_a_rolling_plan_reads_its_places() -> None:
+    plan = parse_plan('strategy = "rolling"\nsoak_s = 30\n[rolling]\nmax_in_flight = 300')
+    assert plan.strategy is PlanStrategy.ROLLING and plan.rolling == Rolling(300)
+    assert plan.soak_s == 30 and plan.waves is None
+    assert parse_plan("rolling").rolling == Rolling(100)
 
 
 def test_canary_and_wave_sizes() -> None:
@@ -250,6 +262,10 @@ plans_st = (
         },
         st.one_of(st.integers(1, 50), st.integers(1, 99).map(lambda p: f"{p}%")),
         st.sampled_from(["all", "waves"]),
+    )
+    | st.builds(
+        lambda size: {"strategy": "rolling", "rolling": {"max_in_flight": size}},
+        st.integers(1, 100_000),
     )
     | st.builds(
         lambda weight: {"strategy": "ab", "ab": {"control": "1.0.0", "weight": weight}},

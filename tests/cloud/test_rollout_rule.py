@@ -121,7 +121,8 @@ def test_the_rule_reads_the_strategy_and_refuses_unknown_ones() -> None:
     assert parse_strategy("all-at-once") is Strategy.ALL_AT_ONCE
     with pytest.raises(
         ValidationError,
-        match=r"unknown rollout strategy 'blue-green'; known: all-at-once, canary, waves, ab",
+        match=r"unknown rollout strategy 'blue-green'; "
+        r"known: all-at-once, canary, waves, rolling, ab",
     ):
         ActiveDeployment(1, "face", "1.0.0", "t", {}, {}, "blue-green")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="bad deployment id -1"):

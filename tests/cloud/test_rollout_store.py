@@ -14,6 +14,8 @@ from cloud.rollout.events import DeviceOutcome
 from cloud.rollout.plan import plan_from_dict
 from cloud.rollout.state import RolloutState
 from cloud.rollout_loop import RolloutLoop, engine_events
+from cloud.service.deployments import DeploymentService
+from cloud.service.devices import DeviceService
 from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRecord
 from cloud.store.rollout_facts import KPI_COMMIT_LAG_S, KpiTally
 from cloud.store.rollouts import RolloutUpdate
@@ -186,6 +188,41 @@ def test_pause_holds_the_waves_and_resume_lets_them_go_on(store: Store) -> None:
     step(loop, clock)
     assert len(admitted_devices(store, new.id)) == 20
     assert any("rollout resumed" in m for m in messages(store))
+
+
+def test_a_rolling_deployment_refills_each_freed_place_and_records_when(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    plan = plan_from_dict(
+        {"strategy": "rolling", "rolling": {"max_in_flight": 5}, "min_samples": 5}
+    )
+    new = store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now)
+    assert new.strategy == "rolling"
+    loop = RolloutLoop(store, clock=clock)
+    deployments = DeploymentService(store, clock, devices=DeviceService(store, clock))
+    step(loop, clock)
+    first = admitted_devices(store, new.id)
+    assert len(first) == 5
+    assert deployments.admissions(new.id) == dict.fromkeys(first, clock.now)
+    opened = clock.now
+    for device in first:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    step(loop, clock)  # the first wave reported: 5 more, its places taken at once
+    second = admitted_devices(store, new.id).keys() - first.keys()
+    assert len(second) == 5
+    for device in sorted(second)[:2]:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    step(loop, clock)  # two places freed: exactly two more
+    third = admitted_devices(store, new.id).keys() - first.keys() - second
+    assert len(third) == 2
+    for device in DEVICES:
+        moved = device in first or device in second or device in third
+        assert desired(store, device) == ("2.0.0" if moved else "1.0.0")
+    admissions = deployments.admissions(new.id)
+    assert {admissions[d] for d in first} == {opened}
+    assert {admissions[d] for d in third} == {clock.now}
+    assert phase(store, new.id) == "wave"
+    assert deployments.admissions(new.id - 1) == {}  # the all-at-once deployment
 
 
 def test_the_fleet_stop_switch_holds_every_rollout(store: Store) -> None:

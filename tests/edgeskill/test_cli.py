@@ -73,7 +73,7 @@ def test_hub_commands_on_a_fresh_home(tmp_path: Path) -> None:
     deploy = ["deploy", "create", "digits", "9.9.9", "--group", "cams", "--home", str(home)]
     unknown = runner.invoke(app, [*deploy, "--strategy", "blue-green"])
     assert unknown.exit_code == 2
-    known = "known: all-at-once, canary, waves, ab"
+    known = "known: all-at-once, canary, waves, rolling, ab"
     assert f"unknown rollout strategy 'blue-green'; {known}" in unknown.output
     devices = runner.invoke(app, ["devices", "ls", "--home", str(home)])
     assert devices.exit_code == 0 and "desired gen" in devices.output

@@ -202,18 +202,44 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_time_to_active_all_at_once_is_when_the_hub_recorded_the_report() -> None:
+def test_time_to_active_is_when_the_hub_recorded_the_report() -> None:
     def view(reported_ms: int | None) -> DeviceView:
         return DeviceView("cam-1", {}, True, "x86-cpu", 0, 2, 2, reported_ms=reported_ms)
 
     started = 1_000.0  # wall-clock seconds at the deployment
     # Found at the look 9 s in; the hub had recorded it running 2.5 s in.
-    assert _seen_at(view(1_002_500), 9.0, started, staged=False) == 2.5
-    assert _seen_at(view(999_000), 9.0, started, staged=False) == 0.0  # clock skew: not < 0
-    assert _seen_at(view(1_012_000), 9.0, started, staged=False) == 9.0  # re-reported later
-    assert _seen_at(view(None), 9.0, started, staged=False) == 9.0
-    assert _seen_at(view(1_002_500), 9.0, started, staged=True) == 9.0  # as its wave's opening
+    assert _seen_at(view(1_002_500), 9.0, started) == 2.5
+    assert _seen_at(view(999_000), 9.0, started) == 0.0  # clock skew: not < 0
+    assert _seen_at(view(1_012_000), 9.0, started) == 9.0  # re-reported later
+    assert _seen_at(view(None), 9.0, started) == 9.0
+
+
+ROLLING_PLAN = """
+strategy = "rolling"
+min_samples = 5
+[rolling]
+max_in_flight = 8
+"""
+
+
+@pytest.mark.slow
+def test_a_rolling_upgrade_keeps_eight_in_flight_and_times_each_device_from_its_admission(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "summary.json"
+    args = ["--devices", "40", "--procs", "2", "--insecure", "--deploy", "1.0.0"]
+    args += ["--deploy", "2.0.0", "--plan", ROLLING_PLAN, "--json", str(out)]
+    result = _sim(tmp_path, *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    row = _rows(json.loads(out.read_text(encoding="utf-8")))["2.0.0"]
+    assert (row["outcome"], row["moved"], row["devices_running"]) == ("completed", 40, 40)
+    waves = row["waves"]  # the hub's admissions, grouped by the instant of each
+    assert waves[0]["devices"] == 8 and sum(w["devices"] for w in waves) == 40
+    assert len(waves) >= 3 and all(1 <= w["devices"] <= 8 for w in waves)
+    opened = [w["opened_s"] for w in waves]
+    assert opened == sorted(opened) and len(set(opened)) == len(opened)
+    # each device counts from its own wave's opening, not from the deployment's
+    assert all(w["active_p99_s"] <= row["converge_s"] - w["opened_s"] + 0.02 for w in waves)
 
 
 def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> None:

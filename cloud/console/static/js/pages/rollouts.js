@@ -3,7 +3,7 @@
 import { api, items, post } from "../api.js";
 import { badge, empty, facts, fmtNum, formValues, h, loader, notice, section, show, table, when } from "../ui.js";
 
-const STRATEGIES = ["all-at-once", "canary", "waves"];
+const STRATEGIES = ["all-at-once", "canary", "waves", "rolling"];
 
 export function render(view, { query }) {
   const status = h("div");
