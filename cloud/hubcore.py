@@ -148,8 +148,8 @@ class HubCore:
         self.dropped: Counter[str] = Counter()
         self.handled: Counter[str] = Counter()
         self.telemetry = TelemetryBatcher(
-            store.add_telemetry_many,
-            store.check_telemetry,
+            store.add_telemetry_windows,
+            store.check_telemetry_window,
             BatcherSettings(
                 max_items=limits.telemetry_batch_items, linger_s=limits.telemetry_linger_s
             ),

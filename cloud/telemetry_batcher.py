@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 
 from cloud.errors import StoreError, ValidationError
 from cloud.store import TelemetryRecord
+from cloud.store.telemetry import TelemetryWindow, record_window
 
 __all__ = [
     "BatcherClosedError",
@@ -32,8 +33,8 @@ __all__ = [
     "Verdict",
 ]
 
-#: ``(msg_id, device_id, record)``, as :meth:`cloud.store.Store.add_telemetry_many` takes it.
-TelemetryItem = tuple[str, str, TelemetryRecord]
+#: A window to store, as :meth:`cloud.store.Store.add_telemetry_windows` takes it.
+TelemetryItem = TelemetryWindow
 #: What the write said of one item: stored (True), a duplicate (False), or why it was refused.
 Verdict = bool | ValidationError
 
@@ -321,18 +322,18 @@ class TelemetryBatcher(GroupCommit[TelemetryItem]):
     """Telemetry windows of many devices in shared transactions.
 
     Args:
-        write: ``Store.add_telemetry_many``: True per stored window, False per duplicate.
-        check: ``Store.check_telemetry``: raises ``ValidationError`` for a bad window.
+        write: ``Store.add_telemetry_windows``: True per stored window, False per duplicate.
+        check: ``Store.check_telemetry_window``: raises ``ValidationError`` for a bad window.
         settings: Batch size, linger and caps.
     """
 
     def __init__(
         self,
         write: Callable[[Sequence[TelemetryItem]], list[bool]],
-        check: Callable[[str, str, TelemetryRecord], None],
+        check: Callable[[TelemetryItem], None],
         settings: BatcherSettings | None = None,
     ) -> None:
-        super().__init__(write, lambda item: check(*item), settings, name="telemetry")
+        super().__init__(write, check, settings, name="telemetry")
 
     async def submit(self, msg_id: str, device_id: str, record: TelemetryRecord) -> bool:
         """Store one window with the next batch; return once that batch committed.
@@ -341,9 +342,9 @@ class TelemetryBatcher(GroupCommit[TelemetryItem]):
             True when stored, False when the message id was stored before.
 
         Raises:
-            ValidationError: The window is malformed; the others in its batch are
-                stored all the same.
+            ValidationError: The window is malformed or names another device; the
+                others in its batch are stored all the same.
             BatcherClosedError: The batcher is closed.
             StoreError: The batch holding the window failed; nothing of it is stored.
         """
-        return await self.submit_item((msg_id, device_id, record))
+        return await self.submit_item(record_window(msg_id, device_id, record))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from cloud.errors import StoreError, ValidationError
 from cloud.session import DropReason, ack_envelope
 from cloud.telemetry_batcher import TelemetryItem
-from cloud.wire import telemetry_record
+from cloud.wire import telemetry_window
 from protos import decode_envelope, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
@@ -216,7 +216,7 @@ class TelemetryIngest:
                 core.handled["duplicate"] += 1
                 again.setdefault((stream, device), []).append(env.id)  # its first ack was lost
                 continue
-            items.append((env.id, device, telemetry_record(env.telemetry, received_ms)))
+            items.append(telemetry_window(env.id, device, env.telemetry, received_ms))
             streams.append(stream)
         self._send_all(again)
         return items, streams
@@ -280,11 +280,12 @@ class TelemetryIngest:
         try:
             verdicts = await core.telemetry.submit_many(items)
         except StoreError as exc:  # nothing acknowledged: the devices send again
-            for _, device, _ in items:
-                core.drop(DropReason.STORE_ERROR, device, exc)
+            for window in items:
+                core.drop(DropReason.STORE_ERROR, window[1], exc)
             return
         acked: dict[tuple[IngestStream | None, str], list[str]] = {}
-        for (msg_id, device, _), stream, verdict in zip(items, streams, verdicts, strict=True):
+        for window, stream, verdict in zip(items, streams, verdicts, strict=True):
+            msg_id, device = window[0], window[1]
             if isinstance(verdict, ValidationError):
                 core.drop(DropReason.INVALID, device, f"refused by the store: {verdict}")
                 continue

@@ -63,6 +63,11 @@ def msg_id(value: str) -> str:
     return _check(_MSG_ID_RE, value, "message id")
 
 
+def metric_name(value: str) -> str:
+    """Raises: ValidationError: not a 1-64 character metric name."""
+    return _check(_METRIC_RE, value, "metric name")
+
+
 def sha256(value: str) -> str:
     """Raises: ValidationError: not 64 lower-case hex digits."""
     return _check(_SHA256_RE, value, "sha256")
@@ -170,5 +175,5 @@ def telemetry(record: TelemetryRecord) -> None:
     if len(record.metrics) > MAX_METRICS:
         raise ValidationError(f"more than {MAX_METRICS} telemetry metrics")
     for key, value in record.metrics.items():
-        _check(_METRIC_RE, key, "metric name")
+        metric_name(key)
         _finite(value, f"metric {key!r}")

@@ -323,9 +323,28 @@ class Store(
             ValidationError: A malformed item or a batch over the cap; nothing is stored.
             StoreError: The database failed; nothing is stored.
         """
-        rows = tele.prepare_rows_many(items)
+        return self.add_telemetry_windows([tele.record_window(*item) for item in items])
+
+    def add_telemetry_windows(self, windows: Sequence[tele.TelemetryWindow]) -> list[bool]:
+        """Store windows (see :data:`cloud.store.telemetry.TelemetryWindow`) in one
+        transaction, skipping duplicates, as :meth:`add_telemetry_many` stores records.
+
+        Raises:
+            ValidationError: A malformed window or a batch over the cap; nothing is stored.
+            StoreError: The database failed; nothing is stored.
+        """
+        rows = tele.prepare_windows(windows)
         with self._tx(write=True) as conn:
             return tele.insert_telemetry(conn, rows)
+
+    @staticmethod
+    def check_telemetry_window(window: tele.TelemetryWindow) -> None:
+        """Check one window as :meth:`add_telemetry_windows` would, without writing.
+
+        Raises:
+            ValidationError: The message id, the device id or the window is malformed.
+        """
+        tele.check_window(window)
 
     @staticmethod
     def check_telemetry(msg_id: str, device_id: str, record: TelemetryRecord) -> None:

@@ -7,8 +7,11 @@ inserting at the same time, not only within one.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+import math
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -21,13 +24,18 @@ from cloud.store.records import DeviceSkillSummary, TelemetryRecord
 from cloud.store.schema import telemetry
 
 __all__ = [
+    "WINDOW_FIELDS",
     "TelemetryRow",
+    "TelemetryWindow",
+    "check_window",
     "insert_telemetry",
     "prepare_row",
     "prepare_rows",
-    "prepare_rows_many",
+    "prepare_windows",
+    "record_window",
     "select_telemetry",
     "summarise",
+    "window_fields",
 ]
 
 MAX_TELEMETRY_ROWS = 100_000
@@ -41,6 +49,41 @@ def _metrics_json(metrics: dict[str, float]) -> str:
 
 #: A window as a table row: its values in the order of ``_COLUMNS``, the message id first.
 TelemetryRow = tuple[Any, ...]
+#: A window's scalar fields in column order. :class:`TelemetryRecord` and the wire's
+#: ``Telemetry`` both name them so: :data:`window_fields` reads them off either in one call.
+WINDOW_FIELDS = (
+    "skill",
+    "version",
+    "inferences",
+    "labelled",
+    "correct",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "latency_p95_ms",
+    "errors",
+    "window_start_ms",
+    "window_end_ms",
+    "dropped_messages",
+)
+window_fields = operator.attrgetter(*WINDOW_FIELDS)
+#: A window to store, not yet checked: a row whose metrics are still a mapping,
+#: ``(msg_id, device_id, *WINDOW_FIELDS, metrics, received_ms)``.
+TelemetryWindow = tuple[Any, ...]
+_METRICS = 2 + len(WINDOW_FIELDS)
+#: Where the counters and the latencies sit in a window.
+_COUNTERS = (4, 5, 6, 10, 11, 12, 13, _METRICS + 1)
+_LATENCIES = (7, 8, 9)
+
+
+def record_window(msg_id: str, device_id: str, record: TelemetryRecord) -> TelemetryWindow:
+    """The window to store for ``record`` of ``device_id``, not yet checked.
+
+    Raises:
+        ValidationError: The record names another device.
+    """
+    if record.device_id and record.device_id != device_id:
+        raise ValidationError(f"telemetry of {record.device_id!r} sent for {device_id!r}")
+    return (msg_id, device_id, *window_fields(record), record.metrics, record.received_ms)
 
 
 def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> TelemetryRow:
@@ -75,6 +118,109 @@ def prepare_row(msg_id: str, device_id: str, record: TelemetryRecord) -> Telemet
     )
 
 
+def prepare_windows(windows: Sequence[TelemetryWindow]) -> list[TelemetryRow]:
+    """Validate windows of any devices and turn them into table rows.
+
+    The hub's ingest stores thousands of windows a second, so the batch is checked
+    column by column, each distinct name once; only a batch that fails that is
+    checked window by window, which says what is wrong with the first bad one.
+
+    Raises:
+        ValidationError: A window is malformed or the batch is over the cap.
+    """
+    _check_batch_size(len(windows))
+    if not windows:
+        return []
+    if _well_formed(windows):
+        return [(*w[:_METRICS], _checked_metrics_json(w[_METRICS]), w[-1]) for w in windows]
+    return [check_window(w) for w in windows]
+
+
+def check_window(window: TelemetryWindow) -> TelemetryRow:
+    """Validate one window as :func:`prepare_windows` would; its row.
+
+    Raises:
+        ValidationError: The message id, the device id or the window is malformed.
+    """
+    msg_id, device_id, *values, metrics, received_ms = window
+    fields = dict(zip(WINDOW_FIELDS, values, strict=True))
+    record = TelemetryRecord(**fields, metrics=metrics, received_ms=received_ms)
+    return prepare_row(msg_id, device_id, record)
+
+
+def _well_formed(windows: Sequence[TelemetryWindow]) -> bool:
+    """Whether every window passes what :func:`prepare_row` checks, its values of the
+    types a row keeps (counters ints, latencies and metric values floats)."""
+    columns = list(zip(*windows, strict=True))
+    inferences, labelled, correct, errors = (columns[i] for i in (4, 5, 6, 10))
+    return (
+        _counters_fit(chain.from_iterable(columns[i] for i in _COUNTERS))
+        and all(map(operator.le, correct, labelled))
+        and all(map(operator.le, labelled, inferences))
+        and all(map(operator.le, errors, inferences))
+        and _latencies_fit(chain.from_iterable(columns[i] for i in _LATENCIES))
+        and _metrics_fit(columns[_METRICS])
+        and _all_pass(check.msg_id, columns[0])
+        and _all_pass(check.device_id, columns[1])
+        and _all_pass(functools.partial(check.name, what="skill name"), columns[2])
+        and _all_pass(check.version, columns[3])
+    )
+
+
+def _counters_fit(values: Iterable[Any]) -> bool:
+    counters = list(values)
+    return (
+        set(map(type, counters)) == {int}
+        and min(counters) >= 0
+        and max(counters) <= check.MAX_COUNTER
+    )
+
+
+def _latencies_fit(values: Iterable[Any]) -> bool:
+    floats = list(values)
+    return (
+        set(map(type, floats)) == {float} and all(map(math.isfinite, floats)) and min(floats) >= 0
+    )
+
+
+def _metrics_fit(maps: Sequence[Any]) -> bool:
+    if set(map(type, maps)) != {dict} or max(map(len, maps)) > check.MAX_METRICS:
+        return False
+    values = list(chain.from_iterable(m.values() for m in maps))
+    return (
+        set(map(type, values)) <= {float}
+        and all(map(math.isfinite, values))
+        and _all_pass(check.metric_name, chain.from_iterable(maps))
+    )
+
+
+def _checked_metrics_json(metrics: dict[str, float]) -> str:
+    """:func:`_metrics_json` of metrics :func:`_metrics_fit` passed, a few times faster.
+
+    Their names need no escaping (letters, digits and ``._/-``) and their values are
+    finite floats, which ``json`` writes as ``float.__repr__`` does.
+    """
+    if not metrics:
+        return "{}"
+    return "{" + ", ".join([f'"{k}": {_float_text(metrics[k])}' for k in sorted(metrics)]) + "}"
+
+
+_float_text = float.__repr__
+
+
+def _all_pass(check_one: Callable[[Any], object], values: Iterable[Any]) -> bool:
+    """Whether ``check_one`` passes every distinct value (all str: others are refused)."""
+    every = list(values)
+    if every and set(map(type, every)) != {str}:
+        return False
+    try:
+        for value in set(every):
+            check_one(value)
+    except ValidationError:
+        return False
+    return True
+
+
 def _check_batch_size(count: int) -> None:
     if count > check.MAX_TELEMETRY_BATCH:
         raise ValidationError(f"telemetry batch over {check.MAX_TELEMETRY_BATCH} items")
@@ -91,41 +237,12 @@ def prepare_rows(
     """
     check.device_id(device_id)
     _check_batch_size(len(items))
-    return [prepare_row(msg_id, device_id, record) for msg_id, record in items]
-
-
-def prepare_rows_many(
-    items: Sequence[tuple[str, str, TelemetryRecord]],
-) -> list[TelemetryRow]:
-    """Validate ``(msg_id, device_id, record)`` items of any devices and turn them into rows.
-
-    Raises:
-        ValidationError: An item is malformed or the batch is over the cap.
-    """
-    _check_batch_size(len(items))
-    return [prepare_row(msg_id, device_id, record) for msg_id, device_id, record in items]
+    return prepare_windows([record_window(msg_id, device_id, r) for msg_id, r in items])
 
 
 #: Rows per INSERT statement: 16 parameters each stays far below SQLite's variable cap.
 _ROWS_PER_STATEMENT = 500
-_COLUMNS = (
-    "msg_id",
-    "device_id",
-    "skill",
-    "version",
-    "inferences",
-    "labelled",
-    "correct",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "latency_p95_ms",
-    "errors",
-    "window_start_ms",
-    "window_end_ms",
-    "dropped_messages",
-    "metrics",
-    "received_ms",
-)
+_COLUMNS = ("msg_id", "device_id", *WINDOW_FIELDS, "metrics", "received_ms")
 
 
 def insert_telemetry(conn: Connection, rows: list[TelemetryRow]) -> list[bool]:

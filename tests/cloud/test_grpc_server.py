@@ -232,7 +232,7 @@ def test_a_store_error_is_counted_logged_and_not_acknowledged(
     async def main() -> None:
         async with serving(transport, core, url) as dev:
             env = telemetry()
-            store.failing.add("add_telemetry_many")
+            store.failing.add("add_telemetry_windows")
             await dev.send(encode_envelope(env), "telemetry")
             await dropped(core, {"store-error": 1})
             store.failing.clear()
@@ -244,10 +244,10 @@ def test_a_store_error_is_counted_logged_and_not_acknowledged(
 
     with caplog.at_level(logging.WARNING, logger="cloud.hubcore"):
         asyncio.run(main())
-    assert store.refused == {"add_telemetry_many": 1}
+    assert store.refused == {"add_telemetry_windows": 1}
     assert [r.getMessage() for r in caplog.records if "store-error" in r.getMessage()] == [
         "dropped a message from 'cam-1' (store-error; 1 so far): "
-        "add_telemetry_many failed (injected)"
+        "add_telemetry_windows failed (injected)"
     ]
     assert len(core.store.telemetry_for("cam-1")) == 2
 

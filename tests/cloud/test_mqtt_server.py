@@ -177,6 +177,39 @@ def test_telemetry_is_acked_only_once_committed_and_one_ack_carries_a_devices_id
     asyncio.run(main())
 
 
+def test_bad_windows_among_good_ones_are_refused_alone(hub: Hub, url: str) -> None:
+    core = HubCore(hub.store, hub.trust, HubLimits(telemetry_linger_s=0.3))
+    good = [telemetry("cam-1", seq) for seq in range(4)]
+    bad = [
+        make_envelope("cam-1", telemetry=pb.Telemetry(skill="digits", version="1", **fields))
+        for fields in (
+            {"inferences": 1, "labelled": 2},
+            {"inferences": -1},
+            {"latency_p50_ms": float("nan")},
+            {"metrics": {"no spaces": 1.0}},
+        )
+    ]
+
+    async def main() -> None:
+        async with running(core), device(url, "cam-1") as cam:
+            server = await start_mqtt_server(core, url, FAST)
+            try:
+                await next_of(cam, "welcome")
+                for env in [good[0], *bad[:2], *good[1:3], *bad[2:], good[3]]:
+                    await cam.send(env)  # within the linger: one group commit
+                acked: set[str] = set()
+                while len(acked) < len(good):
+                    acked.update((await next_of(cam, "ack")).ack.ids)
+                assert acked == {env.id for env in good}
+                await eventually(lambda: core.dropped == {"invalid": len(bad)})
+            finally:
+                await server.stop()
+                await core.close()
+
+    asyncio.run(main())
+    assert sorted(r.metrics["seq"] for r in hub.store.telemetry_for("cam-1")) == [0, 1, 2, 3]
+
+
 def test_bad_messages_are_dropped_and_counted_while_others_are_served(hub: Hub, url: str) -> None:
     topics = MqttEndpoint.parse(url).topics
 

@@ -14,6 +14,7 @@ import pytest
 from cloud.errors import StoreError, ValidationError
 from cloud.hubcore import HubCore, HubLimits
 from cloud.store import Store, TelemetryRecord, open_store
+from cloud.store.telemetry import record_window
 from cloud.telemetry_batcher import BatcherClosedError, BatcherSettings, TelemetryBatcher
 from protos import ProtocolError, kind_of, make_envelope, pb
 from skills.trust import TrustRepository
@@ -46,8 +47,8 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 def batcher_for(store: Store, **settings: float) -> TelemetryBatcher:
     return TelemetryBatcher(
-        store.add_telemetry_many,
-        store.check_telemetry,
+        store.add_telemetry_windows,
+        store.check_telemetry_window,
         BatcherSettings(**settings),  # type: ignore[arg-type]
     )
 
@@ -101,12 +102,18 @@ def test_one_submitter_s_items_share_a_transaction_and_get_a_verdict_each(
     bad = replace(window(1), skill="")
 
     async def main() -> list[object]:
-        first = await batcher.submit_many([("m-1", "cam-1", window(1))])
+        first = await batcher.submit_many([record_window("m-1", "cam-1", window(1))])
         verdicts = await batcher.submit_many(
-            [("m-2", "cam-1", window(2)), ("m-1", "cam-1", window(1)), ("m-3", "cam-2", bad)]
+            [
+                record_window("m-2", "cam-1", window(2)),
+                record_window("m-1", "cam-1", window(1)),
+                record_window("m-3", "cam-2", bad),
+            ]
         )
         with pytest.raises(ValidationError):
-            await batcher.submit_many([(f"m-{i}", "cam-3", window(i)) for i in range(9)])
+            await batcher.submit_many(
+                [record_window(f"m-{i}", "cam-3", window(i)) for i in range(9)]
+            )
         await batcher.close()
         return [*first, *verdicts]
 

@@ -21,7 +21,7 @@ import pytest
 from cloud.grpc_server import HubServicer, hub_handler, server_options
 from cloud.hubcore import HubCore, running
 from cloud.store import Store
-from cloud.store.records import TelemetryRecord
+from cloud.store.telemetry import TelemetryWindow
 from protos import encode_envelope, kind_of, make_envelope, pb
 from protos.limits import MAX_ENVELOPE_BYTES
 from skills.trust import TrustRepository
@@ -44,10 +44,10 @@ class GatedStore:
         self.gate.set()
         self.batches: list[int] = []
 
-    def add_telemetry_many(self, items: Sequence[tuple[str, str, TelemetryRecord]]) -> list[bool]:
+    def add_telemetry_windows(self, windows: Sequence[TelemetryWindow]) -> list[bool]:
         assert self.gate.wait(TIMEOUT_S), "the test never opened the gate"
-        self.batches.append(len(items))
-        return self.store.add_telemetry_many(items)
+        self.batches.append(len(windows))
+        return self.store.add_telemetry_windows(windows)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
