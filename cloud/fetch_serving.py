@@ -3,14 +3,11 @@
 Both transports serve fetches through :meth:`cloud.hubcore.HubCore.open_fetch`;
 this module checks the path, the offset and the size caps, opens the file in
 the TUF repository and streams it, and maps each refusal to its wire code.
-:func:`open_files` opens the files of a batch together, each with its first
-chunk read, so a batch of small files costs the event loop one worker-thread hop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator
 from typing import BinaryIO
 
 from cloud.errors import FetchRefusedError, FetchTooLargeError
@@ -18,29 +15,7 @@ from protos.fetch import FetchErrorCode
 from skills.errors import SkillError
 from skills.trust import TrustRepository
 
-__all__ = ["FetchAsk", "OpenedFile", "fetch_error_code", "open_files", "open_repository_file"]
-
-#: ``(path, offset, max_bytes)`` of one file asked for.
-FetchAsk = tuple[str, int, int]
-#: Opens one file as :meth:`cloud.hubcore.HubCore.open_fetch` does.
-OpenFn = Callable[[str, int, int], tuple[int, Generator[bytes, None, None]]]
-
-
-@dataclass(frozen=True, slots=True)
-class OpenedFile:
-    """A repository file opened for a fetch, its first chunk read already.
-
-    Attributes:
-        offset: Where ``head`` starts in the file.
-        size: The file's total size.
-        head: The first chunk (empty when ``offset`` is the file's end).
-        rest: The chunks after ``head``; the caller closes it.
-    """
-
-    offset: int
-    size: int
-    head: bytes
-    rest: Generator[bytes, None, None]
+__all__ = ["fetch_error_code", "open_repository_file"]
 
 
 def fetch_error_code(exc: Exception) -> FetchErrorCode:
@@ -54,39 +29,6 @@ def fetch_error_code(exc: Exception) -> FetchErrorCode:
     if isinstance(exc, FetchRefusedError):
         return exc.code
     raise TypeError(f"not a fetch refusal: {type(exc).__name__}")
-
-
-def open_files(
-    open_fetch: OpenFn, asks: Sequence[FetchAsk]
-) -> list[OpenedFile | FileNotFoundError | FetchRefusedError]:
-    """Open each file of a batch and read its first chunk; blocking (run it on a worker).
-
-    Returns:
-        For each ask in order, the opened file or the refusal ``open_fetch`` raised.
-
-    Raises:
-        OSError: a failure other than a refusal (the files opened so far are closed).
-    """
-    opened: list[OpenedFile | FileNotFoundError | FetchRefusedError] = []
-    try:
-        for path, offset, max_bytes in asks:
-            try:
-                size, chunks = open_fetch(path, offset, max_bytes)
-            except (FileNotFoundError, FetchRefusedError) as exc:
-                opened.append(exc)
-                continue
-            try:
-                head = next(chunks, b"") if offset < size else b""
-            except BaseException:
-                chunks.close()
-                raise
-            opened.append(OpenedFile(offset, size, head, chunks))
-    except BaseException:
-        for item in opened:
-            if isinstance(item, OpenedFile):
-                item.rest.close()
-        raise
-    return opened
 
 
 def open_repository_file(

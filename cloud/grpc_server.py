@@ -32,7 +32,6 @@ from cloud.errors import (
     StoreError,
     ValidationError,
 )
-from cloud.fetch_serving import OpenedFile
 from cloud.grpc_tls import RevocationList, ServerTls, peer_common_name, peer_serial
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.session import DeviceSession, DropReason
@@ -40,7 +39,7 @@ from cloud.tail_serving import TailRefusedError
 from cloud.telemetry_ingest import IngestStream, TelemetryIngest, ack_envelopes
 from protos import decode_envelope, pb
 from protos.errors import ProtocolError
-from protos.fetch import GRPC_STATUS_NAMES, MAX_FETCH_BATCHES
+from protos.fetch import GRPC_STATUS_NAMES
 from protos.limits import MAX_ENVELOPE_BYTES
 from protos.topics import INFER_ERROR_CODES
 
@@ -57,8 +56,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _REGISTER_TIMEOUT_S = 10.0
-#: Longest wait for a ``FetchMany`` call's next batch (an agent sends it at once).
-_BATCH_WAIT_S = 30.0
 #: Bigger messages end the stream inside gRPC; smaller ones over the envelope cap
 #: are dropped and counted by the session, and the stream goes on.
 _MAX_RECEIVE_BYTES = 1024 * 1024
@@ -208,63 +205,13 @@ class HubServicer:
         except StoreError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot serve you now")
             return
+        offset = req.offset
         with contextlib.closing(chunks):
-            head = await asyncio.to_thread(next, chunks, b"") if req.offset < size else b""
-            async for chunk in _chunks(OpenedFile(req.offset, size, head, chunks)):
-                yield chunk
-
-    async def FetchMany(
-        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.FetchPart]:
-        """Serve a trip's files a batch at a time: each file's chunks, or its refusal.
-
-        A refusal of one file is a part with its wire code; a refusal of the whole
-        batch (malformed, oversized, spoofed, an unknown device) ends the call with
-        the status the single ``Fetch`` would have ended with.
-        """
-        session = await self._session(context)
-        for _ in range(MAX_FETCH_BATCHES):
-            try:
-                async with asyncio.timeout(_BATCH_WAIT_S):
-                    payload = await anext(request_iterator)
-            except (StopAsyncIteration, TimeoutError):
-                return  # the agent is done, or left the call idle
-            opened = await self._open_batch(session, payload, context)
-            try:
-                for index, item in enumerate(opened):
-                    if isinstance(item, OpenedFile):
-                        async for chunk in _chunks(item):
-                            yield pb.FetchPart(index=index, chunk=chunk)
-                    else:
-                        code = fetch_error_code(item)
-                        yield pb.FetchPart(index=index, error_code=code, error_message=str(item))
-            finally:
-                for item in opened:
-                    if isinstance(item, OpenedFile):
-                        item.rest.close()
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {MAX_FETCH_BATCHES} batches in one call"
-        )
-
-    async def _open_batch(
-        self, session: DeviceSession, payload: bytes, context: grpc.aio.ServicerContext
-    ) -> list[OpenedFile | FileNotFoundError | FetchRefusedError]:
-        """Check a batch and open its files; a refusal of the whole batch aborts the call.
-
-        Raises:
-            grpc.aio.AbortError: the batch, or the device, was refused.
-        """
-        try:
-            device, asks = session.fetch_batch(payload)
-            return await session.open_files(device, asks)
-        except IdentityMismatchError as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except FetchRefusedError as exc:
-            status = getattr(grpc.StatusCode, GRPC_STATUS_NAMES[fetch_error_code(exc)])
-            await context.abort(status, str(exc))
-        except StoreError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot serve you now")
-        raise AssertionError("unreachable")  # abort raises
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                offset += len(data)
+                yield pb.FetchChunk(
+                    offset=offset - len(data), data=data, total_size=size, last=offset >= size
+                )
 
     async def InferTail(
         self, request: pb.InferRequest, context: grpc.aio.ServicerContext
@@ -351,24 +298,13 @@ def _own_telemetry(session: DeviceSession, payload: bytes) -> pb.Envelope | None
     return env
 
 
-async def _chunks(opened: OpenedFile) -> AsyncIterator[pb.FetchChunk]:
-    """An opened file's chunks from its head on; a worker reads each chunk after it."""
-    offset, size, data = opened.offset, opened.size, opened.head
-    while True:
-        end = offset + len(data)
-        yield pb.FetchChunk(offset=offset, data=data, total_size=size, last=end >= size)
-        if end >= size or not data:
-            return  # no hop to find the end: the size says where it is
-        offset, data = end, await asyncio.to_thread(next, opened.rest, b"")
-
-
 def _queue_acks(outbox: asyncio.Queue[object], device: str, ids: list[str]) -> None:
     for env in ack_envelopes(device, ids):
         outbox.put_nowait(env)
 
 
 def hub_handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
-    """The ``Hub`` service with undecoded requests for ``Connect``, ``Fetch`` and ``FetchMany``."""
+    """The ``Hub`` service with undecoded requests for ``Connect`` and ``Fetch``."""
     return grpc.method_handlers_generic_handler(
         _SERVICE,
         {
@@ -377,9 +313,6 @@ def hub_handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
             ),
             "Fetch": grpc.unary_stream_rpc_method_handler(
                 servicer.Fetch, response_serializer=pb.FetchChunk.SerializeToString
-            ),
-            "FetchMany": grpc.stream_stream_rpc_method_handler(
-                servicer.FetchMany, response_serializer=pb.FetchPart.SerializeToString
             ),
             "InferTail": grpc.unary_unary_rpc_method_handler(
                 servicer.InferTail,

@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Generator, Hashable, Sequence
+from collections.abc import AsyncIterator, Generator, Hashable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -32,12 +32,10 @@ from cloud.errors import (
     SessionRefusedError,
     StoreError,
 )
-from cloud.fetch_serving import FetchAsk, OpenedFile, open_files
 from cloud.tail_serving import TailRefusedError
 from protos import decode_envelope, kind_of, pb
 from protos.envelope import now_ms
 from protos.errors import ProtocolError
-from protos.fetch import MAX_FETCH_BATCH_BYTES, MAX_FETCH_BATCH_FILES
 from protos.limits import DEVICE_ID_PATTERN, MAX_ENVELOPE_BYTES, MAX_FETCH_REQUEST_BYTES
 from skills.tensor_codec import MAX_INFER_BYTES
 
@@ -56,7 +54,6 @@ ACKED_KINDS = frozenset({"reported", "telemetry", "security_event", "drift_sampl
 _DESIRED_RECHECK_S = 30.0
 
 K = TypeVar("K", bound=Hashable)
-_FetchMessage = TypeVar("_FetchMessage", pb.FetchRequest, pb.FetchBatch)
 _DEVICE_RE = re.compile(rf"^{DEVICE_ID_PATTERN}$")
 
 
@@ -326,95 +323,32 @@ class DeviceSession:
         if len(payload) > MAX_FETCH_REQUEST_BYTES:
             self.drop(DropReason.OVERSIZED, f"fetch request of {len(payload)} bytes")
             raise FetchRefusedError("fetch request over the cap")
-        req = self._parse_fetch(pb.FetchRequest(), payload)
-        self._check_fetcher(req.device_id)
-        await self._admit_fetch(req.device_id)
-        size, chunks = await asyncio.to_thread(
-            self.core.open_fetch, req.path, req.offset, req.max_bytes
-        )
-        return req, size, chunks
-
-    def fetch_batch(self, payload: bytes) -> tuple[str, list[FetchAsk]]:
-        """Check one batch of a batched fetch: its size, its count and whose it is.
-
-        Returns:
-            The device it fetches for, and ``(path, offset, max_bytes)`` of each file.
-
-        Raises:
-            IdentityMismatchError: a certificate's device asked in another device's name.
-            FetchRefusedError: a malformed, oversized or spoofed batch, or over
-                :data:`~protos.fetch.MAX_FETCH_BATCH_FILES` files.
-        """
-        if len(payload) > MAX_FETCH_BATCH_BYTES:
-            self.drop(DropReason.OVERSIZED, f"fetch batch of {len(payload)} bytes")
-            raise FetchRefusedError("fetch batch over the cap")
-        batch = self._parse_fetch(pb.FetchBatch(), payload)
-        if len(batch.requests) > MAX_FETCH_BATCH_FILES:
-            self.drop(DropReason.OVERSIZED, f"fetch batch of {len(batch.requests)} files")
-            raise FetchRefusedError(f"a fetch batch of over {MAX_FETCH_BATCH_FILES} files")
-        device = batch.device_id
-        if any(req.device_id not in ("", device) for req in batch.requests):
-            self.drop(DropReason.SPOOFED, f"a fetch batch of {device!r} naming another device")
-            raise FetchRefusedError("a fetch batch in more than one device's name")
-        self._check_fetcher(device)
-        return device, [(r.path, r.offset, r.max_bytes) for r in batch.requests]
-
-    async def open_files(
-        self, device: str, asks: Sequence[FetchAsk]
-    ) -> list[OpenedFile | FileNotFoundError | FetchRefusedError]:
-        """Open the files of a checked batch (:meth:`fetch_batch`), each with its first chunk.
-
-        Returns:
-            For each file in order, the opened file or its refusal (no such file, a bad
-            path or offset, over the cap).
-
-        Raises:
-            FetchUnknownDeviceError: the device never registered.
-            StoreError: the store failed (counted).
-        """
-        await self._admit_fetch(device)
-        return await asyncio.to_thread(open_files, self.core.open_fetch, asks)
-
-    def _parse_fetch(self, msg: _FetchMessage, payload: bytes) -> _FetchMessage:
+        req = pb.FetchRequest()
         try:
-            msg.ParseFromString(payload)
+            req.ParseFromString(payload)
         except DecodeError as exc:
             self.drop(DropReason.MALFORMED, exc)
             raise FetchRefusedError("not a fetch request") from exc
-        return msg
-
-    def _check_fetcher(self, device: str) -> None:
-        """Refuse a fetch in the name of a device other than the channel's.
-
-        Raises:
-            IdentityMismatchError: the channel's certificate names another device.
-            FetchRefusedError: the channel's topic names another device.
-        """
-        if self.claimed is None or device == self.claimed:
-            return
-        reason = DropReason.IDENTITY_MISMATCH if self.bound else DropReason.SPOOFED
-        self.drop(reason, f"fetch as {device!r}")
-        if self.bound:
-            raise IdentityMismatchError(
-                f"this client certificate may not fetch as device {device!r}"
-            )
-        raise FetchRefusedError(f"a fetch in another device's name ({device!r})")
-
-    async def _admit_fetch(self, device: str) -> None:
-        """Refuse a fetch of a device that never registered.
-
-        Raises:
-            FetchUnknownDeviceError: it never registered.
-            StoreError: the store failed (counted).
-        """
+        if self.claimed is not None and req.device_id != self.claimed:
+            reason = DropReason.IDENTITY_MISMATCH if self.bound else DropReason.SPOOFED
+            self.drop(reason, f"fetch as {req.device_id!r}")
+            if self.bound:
+                raise IdentityMismatchError(
+                    f"this client certificate may not fetch as device {req.device_id!r}"
+                )
+            raise FetchRefusedError(f"a fetch in another device's name ({req.device_id!r})")
         try:
-            known = await self.core.is_known(device)
+            known = await self.core.is_known(req.device_id)
         except StoreError as exc:
             self.drop(DropReason.STORE_ERROR, exc)
             raise
         if not known:
             self.drop(DropReason.UNKNOWN_DEVICE, "fetch")
             raise FetchUnknownDeviceError("register first")
+        size, chunks = await asyncio.to_thread(
+            self.core.open_fetch, req.path, req.offset, req.max_bytes
+        )
+        return req, size, chunks
 
     # -- split and joint inference ------------------------------------------------------
 

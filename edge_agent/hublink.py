@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from edge_agent.errors import TransportError
 from edge_agent.transport import AgentTransport
-from edge_agent.transport.base import FetchAnswer
 from skills.errors import FetchError
 
 if TYPE_CHECKING:
@@ -122,19 +121,35 @@ async def _fetch_trips(
     max_bytes: int,
 ) -> list[bytes | FetchError | None]:
     answers: list[bytes | FetchError | None] = []
-    async with transport.fetch_trips() as trips:
-        for made in range(1, MAX_TRIPS + 1):
-            trip = [_fetch_result(answer) for answer in await trips.trip(asks)]
-            answers += trip
-            if follow is None or made == MAX_TRIPS:
-                break  # follow is asked only for a trip that will be made
-            asks = [(path, min(cap, max_bytes)) for path, cap in follow(trip)]
-            if not asks:
-                break
+    for trips in range(1, MAX_TRIPS + 1):
+        trip = await _fetch_all(transport, asks)
+        answers += trip
+        if follow is None or trips == MAX_TRIPS:
+            break  # follow is asked only for a trip that will be made
+        asks = [(path, min(cap, max_bytes)) for path, cap in follow(trip)]
+        if not asks:
+            break
     return answers
 
 
-def _fetch_result(answer: FetchAnswer) -> bytes | FetchError | None:
-    if isinstance(answer, TransportError):
-        return FetchError(str(answer))
-    return answer
+async def _fetch_all(
+    transport: AgentTransport, asks: Sequence[tuple[str, int]]
+) -> list[bytes | FetchError | None]:
+    # Bounded as one fetch is: by each transport fetch's own deadline, and by the
+    # caller's wait (fetch_many's timeout_s), which cancels this on expiry.
+    tasks = [asyncio.ensure_future(_fetch_one(transport, path, cap)) for path, cap in asks]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        # Cancelled, or one failed unexpectedly: the others end with it.
+        for task in tasks:
+            task.cancel()
+
+
+async def _fetch_one(transport: AgentTransport, path: str, cap: int) -> bytes | FetchError | None:
+    try:
+        return await transport.fetch(path, cap)
+    except FileNotFoundError:
+        return None
+    except TransportError as exc:
+        return FetchError(str(exc))

@@ -259,26 +259,6 @@ class FetchChunk(_message.Message):
     last: bool
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
 
-class FetchBatch(_message.Message):
-    __slots__ = ("device_id", "requests")
-    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
-    REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    device_id: str
-    requests: _containers.RepeatedCompositeFieldContainer[FetchRequest]
-    def __init__(self, device_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[FetchRequest, _Mapping]]] = ...) -> None: ...
-
-class FetchPart(_message.Message):
-    __slots__ = ("index", "chunk", "error_code", "error_message")
-    INDEX_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
-    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    index: int
-    chunk: FetchChunk
-    error_code: str
-    error_message: str
-    def __init__(self, index: _Optional[int] = ..., chunk: _Optional[_Union[FetchChunk, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
-
 class TensorProto(_message.Message):
     __slots__ = ("dtype", "shape", "data", "name", "scale", "zero_point")
     DTYPE_FIELD_NUMBER: _ClassVar[int]

@@ -44,11 +44,6 @@ class HubStub:
                 request_serializer=edgeskill__pb2.FetchRequest.SerializeToString,
                 response_deserializer=edgeskill__pb2.FetchChunk.FromString,
                 _registered_method=True)
-        self.FetchMany = channel.stream_stream(
-                '/edgeskill.v1.Hub/FetchMany',
-                request_serializer=edgeskill__pb2.FetchBatch.SerializeToString,
-                response_deserializer=edgeskill__pb2.FetchPart.FromString,
-                _registered_method=True)
         self.InferTail = channel.unary_unary(
                 '/edgeskill.v1.Hub/InferTail',
                 request_serializer=edgeskill__pb2.InferRequest.SerializeToString,
@@ -78,14 +73,6 @@ class HubServicer:
 
     def Fetch(self, request, context):
         """A TUF metadata file or a bundle, in chunks.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def FetchMany(self, request_iterator, context):
-        """Several files in one call: a FetchBatch a trip, each answered in FetchParts
-        (the agent sends the next batch once a batch is answered; none: it closes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,11 +111,6 @@ def add_HubServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=edgeskill__pb2.FetchRequest.FromString,
                     response_serializer=edgeskill__pb2.FetchChunk.SerializeToString,
-            ),
-            'FetchMany': grpc.stream_stream_rpc_method_handler(
-                    servicer.FetchMany,
-                    request_deserializer=edgeskill__pb2.FetchBatch.FromString,
-                    response_serializer=edgeskill__pb2.FetchPart.SerializeToString,
             ),
             'InferTail': grpc.unary_unary_rpc_method_handler(
                     servicer.InferTail,
@@ -200,33 +182,6 @@ class Hub:
             '/edgeskill.v1.Hub/Fetch',
             edgeskill__pb2.FetchRequest.SerializeToString,
             edgeskill__pb2.FetchChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchMany(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/edgeskill.v1.Hub/FetchMany',
-            edgeskill__pb2.FetchBatch.SerializeToString,
-            edgeskill__pb2.FetchPart.FromString,
             options,
             channel_credentials,
             insecure,

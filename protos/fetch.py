@@ -3,24 +3,17 @@
 Over MQTT a refused fetch is answered with an ``Error`` message whose ``code``
 is one of :class:`FetchErrorCode`; over gRPC the same refusal is a status
 code (:data:`GRPC_STATUS_NAMES`). A fetch request over MQTT asks for a window
-of chunks with the user property :data:`WINDOW_PROPERTY`. Over gRPC, one
-``FetchMany`` call carries several files: a ``FetchBatch`` a trip, within the
-caps below.
+of chunks with the user property :data:`WINDOW_PROPERTY`.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from protos.limits import MAX_FETCH_REQUEST_BYTES
-
 __all__ = [
     "DEFAULT_WINDOW",
     "GRPC_STATUS_NAMES",
     "MAX_CORRELATION_BYTES",
-    "MAX_FETCH_BATCHES",
-    "MAX_FETCH_BATCH_BYTES",
-    "MAX_FETCH_BATCH_FILES",
     "MAX_WINDOW",
     "WINDOW_PROPERTY",
     "FetchErrorCode",
@@ -62,10 +55,3 @@ MAX_CORRELATION_BYTES = 64
 WINDOW_PROPERTY = "window"
 DEFAULT_WINDOW = 32
 MAX_WINDOW = 64
-
-#: Files one ``FetchBatch`` asks for at most (a TUF refresh asks for one to four).
-MAX_FETCH_BATCH_FILES = 16
-#: Longest encoded ``FetchBatch``: each of its requests as long as a lone one may be.
-MAX_FETCH_BATCH_BYTES = MAX_FETCH_BATCH_FILES * MAX_FETCH_REQUEST_BYTES
-#: Batches one ``FetchMany`` call carries at most (an agent makes up to six trips a hop).
-MAX_FETCH_BATCHES = 8

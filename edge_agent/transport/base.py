@@ -11,9 +11,8 @@ import asyncio
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from types import TracebackType
 
 from edge_agent.errors import TransportError
 from protos import pb
@@ -47,14 +46,10 @@ class FetchBusy(TransportError):
     """The hub is serving as many fetches as it allows; asking again soon will do."""
 
 
-def check_progress(
+def _check_progress(
     path: str, received: int, max_bytes: int, started: float, limits: FetchLimits
 ) -> None:
-    """Refuse a fetch over its size cap, or slower than its minimum rate after the grace.
-
-    Raises:
-        FetchAborted: over the cap, or too slow.
-    """
+    """Refuse a fetch over its size cap, or slower than its minimum rate after the grace."""
     if received > max_bytes:
         raise FetchAborted(f"{path} is larger than the {max_bytes} byte cap")
     elapsed = time.monotonic() - started
@@ -128,14 +123,6 @@ class AgentTransport(ABC):
         del request, timeout_s
         raise TransportError(f"{type(self).__name__} does not carry split inference")
 
-    def fetch_trips(self) -> FetchTrips:
-        """Trips of fetches that belong together (one TUF refresh and its bundle).
-
-        This base fetches every file on its own; a transport that can ask for
-        several in one exchange overrides it.
-        """
-        return FetchTrips(self)
-
     async def __aenter__(self) -> AgentTransport:
         return self
 
@@ -192,7 +179,7 @@ class AgentTransport(ABC):
                     except StopAsyncIteration:
                         return
                     buf += chunk
-                    check_progress(path, len(buf), max_bytes, started, limits)
+                    _check_progress(path, len(buf), max_bytes, started, limits)
         except TimeoutError as exc:
             if loop.time() >= deadline:  # not resumed: the time is spent
                 raise FetchAborted(
@@ -201,60 +188,3 @@ class AgentTransport(ABC):
             raise FetchAborted(
                 f"the hub stalled: no data for {path} in {limits.chunk_timeout_s:g} s"
             ) from exc
-
-
-#: One file's answer: its bytes, None when the hub has no such file, or why it failed.
-FetchAnswer = bytes | None | TransportError
-
-
-class FetchTrips:
-    """Trips of fetches in one exchange with the hub; use as an async context manager.
-
-    This base makes each trip's fetches all in flight together, each on its own
-    (:meth:`AgentTransport.fetch`, resumed and bounded as that is).
-    """
-
-    def __init__(self, transport: AgentTransport) -> None:
-        self.transport = transport
-
-    async def trip(self, asks: Sequence[tuple[str, int]]) -> list[FetchAnswer]:
-        """Fetch ``(path, max_bytes)`` of each file; the answers in the order asked."""
-        return await fetch_each(self.transport, asks)
-
-    async def aclose(self) -> None:
-        """End the exchange; safe to call twice."""
-
-    async def __aenter__(self) -> FetchTrips:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-
-async def fetch_each(
-    transport: AgentTransport, asks: Sequence[tuple[str, int]]
-) -> list[FetchAnswer]:
-    """Fetch each ``(path, max_bytes)`` on its own, all in flight together."""
-    # Bounded as one fetch is: by each fetch's own deadline, and by the caller's
-    # wait, which cancels this on expiry.
-    tasks = [asyncio.ensure_future(_fetch_one(transport, path, cap)) for path, cap in asks]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        # Cancelled, or one failed unexpectedly: the others end with it.
-        for task in tasks:
-            task.cancel()
-
-
-async def _fetch_one(transport: AgentTransport, path: str, cap: int) -> FetchAnswer:
-    try:
-        return await transport.fetch(path, cap)
-    except FileNotFoundError:
-        return None
-    except TransportError as exc:
-        return exc

@@ -1,9 +1,4 @@
-"""The agent's gRPC transport: one bidirectional ``Connect`` stream plus fetch calls.
-
-A hop's trips of fetches go in one ``FetchMany`` call (:mod:`.grpc_trips`); a lone
-file, a resumed one, and every file from a hub too old for ``FetchMany``, in a
-``Fetch`` call each.
-"""
+"""The agent's gRPC transport: one bidirectional ``Connect`` stream plus ``Fetch`` calls."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ import grpc
 import grpc.aio
 
 from edge_agent.errors import InferRefusedError, TransportError
-from edge_agent.transport.base import AgentTransport, FetchAborted, FetchLimits, FetchTrips
-from edge_agent.transport.grpc_trips import GrpcFetchTrips
+from edge_agent.transport.base import AgentTransport, FetchAborted, FetchLimits
 from protos import MAX_ENVELOPE_BYTES, pb
 from protos import edgeskill_pb2_grpc as pb_grpc
 from protos.envelope import validate_envelope
@@ -97,8 +91,6 @@ class GrpcAgentTransport(AgentTransport):
         self._channel: grpc.aio.Channel | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
         self._outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)
-        #: False once the hub answered that it does not serve ``FetchMany``.
-        self.batches_served = True
 
     async def connect(self, register: pb.Envelope) -> None:
         """Open the channel and the control stream, sending ``register`` first.
@@ -187,15 +179,6 @@ class GrpcAgentTransport(AgentTransport):
             ) from exc
         finally:
             call.cancel()
-
-    def fetch_trips(self) -> FetchTrips:
-        """A hop's trips in one ``FetchMany`` call; a ``Fetch`` a file from an older hub."""
-        if self._channel is None or not self.batches_served:
-            return FetchTrips(self)
-        return GrpcFetchTrips(self, self._channel, self._device_id, self._batches_unserved)
-
-    def _batches_unserved(self) -> None:
-        self.batches_served = False
 
     async def infer_tail(self, request: pb.InferRequest, timeout_s: float) -> pb.InferResponse:
         """Run a tail on the hub with one ``InferTail`` call, its deadline ``timeout_s``.

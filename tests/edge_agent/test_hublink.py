@@ -16,7 +16,6 @@ import pytest
 
 from cloud.grpc_server import start_grpc_server
 from cloud.hubcore import HubCore, running
-from cloud.session import DeviceSession
 from cloud.store import open_store
 from edge_agent.config import AgentConfig
 from edge_agent.errors import TransportError
@@ -198,22 +197,18 @@ def test_fetch_many_over_grpc_reaches_the_hub_with_both_at_once(
     trust = TrustRepository.init(tmp_path / "trust")
     timestamp = trust.read(TIMESTAMP, 1 << 14)
 
-    batches: list[list[tuple[str, int, int]]] = []
-    open_files = DeviceSession.open_files
-
-    async def open_recorded(
-        session: DeviceSession, device: str, asks: list[tuple[str, int, int]]
-    ) -> object:
-        batches.append(list(asks))
-        return await open_files(session, device, asks)
-
-    # The hub is asked for both files in one batch of one call.
-    monkeypatch.setattr(DeviceSession, "open_files", open_recorded)
-
     async def scenario() -> None:
         async with running(HubCore(store, trust)) as core:
+            # The hub opens neither file before it has been asked for both.
+            both_asked = threading.Barrier(2, timeout=5)
+            open_fetch = core.open_fetch
+
+            def open_when_both_asked(path: str, offset: int, max_bytes: int) -> object:
+                both_asked.wait()
+                return open_fetch(path, offset, max_bytes)
+
+            monkeypatch.setattr(core, "open_fetch", open_when_both_asked)
             await fetch_from(core)
-        assert batches == [[("metadata/2.root.json", 0, 1 << 19), (TIMESTAMP, 0, 1 << 14)]]
 
     async def fetch_from(core: HubCore) -> None:
         server, port = await start_grpc_server(core, "127.0.0.1:0")
