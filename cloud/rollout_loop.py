@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from cloud.errors import NotFoundError, ValidationError
-from cloud.loops import LoopFactory, periodic
+from cloud.loops import LoopFactory
 from cloud.presence import presence, stale_after_ms
 from cloud.rollout.engine import gate_results, run
 from cloud.rollout.events import (
@@ -62,6 +62,7 @@ from cloud.store.rollouts import RolloutFacts, RolloutRecord, RolloutUpdate
 from protos.envelope import now_ms
 
 __all__ = [
+    "ROLLING_TICK_S",
     "ROLLOUT_TICK_S",
     "LastPass",
     "RolloutLoop",
@@ -74,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: How often the leader moves rollouts along.
 ROLLOUT_TICK_S = 1.0
+#: How often while a rolling rollout is under way: a place its reports free waits
+#: for the next pass to be filled, and a whole tick of it idles the fleet's upgrade.
+ROLLING_TICK_S = 0.25
 #: Longest a pass takes the fleet stamp's word that no target's row changed.
 REREAD_MS = 30_000
 
@@ -325,12 +329,26 @@ class RolloutLoop:
     """Moves every staged rollout along, one pass per tick, on the leader only."""
 
     def __init__(
-        self, store: Store, *, clock: Callable[[], int] = now_ms, tick_s: float = ROLLOUT_TICK_S
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], int] = now_ms,
+        tick_s: float = ROLLOUT_TICK_S,
+        rolling_tick_s: float = ROLLING_TICK_S,
     ) -> None:
-        """Drive the rollouts of ``store``; ``clock`` gives ms, ``tick_s`` the pass interval."""
+        """Drive the rollouts of ``store``; ``clock`` gives ms.
+
+        ``tick_s`` is the pause between passes, ``rolling_tick_s`` the pause
+        after a pass that found a rolling rollout under way.
+        """
+        if not 0 < rolling_tick_s <= tick_s:
+            raise ValueError(f"rolling_tick_s {rolling_tick_s} must be in (0, {tick_s}]")
         self._store = store
         self._clock = clock
         self._tick_s = tick_s
+        self._rolling_tick_s = rolling_tick_s
+        #: Whether the last pass drove a rolling rollout still under way.
+        self.rolling = False
         #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
         self._tallies: dict[int, KpiTally] = {}
         #: Each driven rollout's last pass, if it ended well: the next one diffs against it.
@@ -338,10 +356,18 @@ class RolloutLoop:
 
     def factory(self) -> LoopFactory:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
-        return periodic(self._pass, self._tick_s, first_now=True)
 
-    async def _pass(self) -> None:
-        await asyncio.to_thread(self.pass_once)
+        async def run() -> None:
+            while True:
+                await asyncio.to_thread(self.pass_once)
+                await asyncio.sleep(self.pause_s)
+
+        return run
+
+    @property
+    def pause_s(self) -> float:
+        """The pause before the next pass: shorter while a rolling rollout is under way."""
+        return self._rolling_tick_s if self.rolling else self._tick_s
 
     def pass_once(self) -> int:
         """Move every driven rollout one pass; how many were stored.
@@ -354,16 +380,21 @@ class RolloutLoop:
         """
         stored = 0
         driven = self._store.driven_rollouts()
+
         ids = {r.deployment.id for r in driven}
         for gone in self._tallies.keys() - ids:
             del self._tallies[gone]
         for gone in self._last.keys() - ids:
             del self._last[gone]
+        rolling = False
         for rollout in driven:
             try:
                 stored += self.advance(rollout)
+                under_way = rollout.phase != Phase.COMPLETED
+                rolling |= under_way and plan_of(rollout).rolling is not None
             except ValidationError as exc:
                 log.error("deployment %d: rollout skipped: %s", rollout.deployment.id, exc)
+        self.rolling = rolling
         return stored
 
     def advance(self, rollout: RolloutRecord) -> bool:

@@ -118,7 +118,7 @@ class RolloutState:
         they were, so each table's text is kept by the table (see :data:`_TABLES`):
         at 10,000 devices writing the whole state took a tenth of a second.
         """
-        parts = {name: _TABLES.text(name, getattr(self, name)) for name in _ENCODERS}
+        parts = {name: _TABLES.text(name, getattr(self, name)) for name in _TABLE_NAMES}
         parts["schema"] = "1"
         for name in ("version", "hold", "fleet_stop", *_SCALARS):
             parts[name] = _dumps(getattr(self, name))
@@ -183,17 +183,55 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-#: How each table of a state is written, by its field.
-_ENCODERS: Mapping[str, Callable[[Any], Any]] = {
-    "targets": sorted,
-    "previous": dict,
-    "outcomes": lambda t: {d: list(v) for d, v in t.items()},
-    "ran": lambda t: {d: sorted(v) for d, v in t.items()},
-    "presence": lambda t: {d: list(v) for d, v in t.items()},
-    "kpis": lambda t: [[*k, *_kpi_row(w)] for k, w in sorted(t.items())],
-    "admitted": lambda t: {d: [a.version, a.previous, a.at_ms] for d, a in t.items()},
-    "reverted": dict,
+#: The tables written entry by entry: how one entry is written (its key and value), and
+#: whether the table is a JSON list of entries (``kpis``) rather than an object.
+_ENTRIES: Mapping[str, tuple[Callable[[Any, Any], str], bool]] = {
+    "previous": (lambda d, v: f"{_dumps(d)}:{_dumps(v)}", False),
+    "outcomes": (lambda d, v: f"{_dumps(d)}:{_dumps(list(v))}", False),
+    "ran": (lambda d, v: f"{_dumps(d)}:{_dumps(sorted(v))}", False),
+    "presence": (lambda d, v: f"{_dumps(d)}:{_dumps(list(v))}", False),
+    "kpis": (lambda k, w: _dumps([*k, *_kpi_row(w)]), True),
+    "admitted": (lambda d, a: f"{_dumps(d)}:{_dumps([a.version, a.previous, a.at_ms])}", False),
+    "reverted": (lambda d, v: f"{_dumps(d)}:{_dumps(v)}", False),
 }
+
+
+@dataclass
+class _Entries:
+    """One table's entries as last written: its keys, in order, and each entry's text."""
+
+    keys: set[Any] = field(default_factory=set)
+    order: list[Any] = field(default_factory=list)
+    texts: dict[Any, tuple[object, str]] = field(default_factory=dict)
+
+    def text(self, name: str, table: Mapping[Any, Any]) -> str:
+        """The table's JSON text, writing again only the entries whose value is a new one.
+
+        A pass changes some entries of a 10,000-device table and hands the others on
+        as the same objects; writing every entry of every changed table again took
+        most of a rolling rollout's pass (30 ms a table).
+        """
+        if self.keys != table.keys():
+            gone = self.keys - table.keys()
+            kept = [k for k in self.order if k not in gone] if gone else self.order
+            self.order = sorted([*kept, *(table.keys() - self.keys)])  # mostly in order: fast
+            self.keys = set(table)
+            for key in gone:
+                del self.texts[key]
+        write, listed = _ENTRIES[name]
+        texts, parts = self.texts, []
+        for key in self.order:
+            value = table[key]
+            kept_text = texts.get(key)
+            if kept_text is None or kept_text[0] is not value:  # held: its id stays its own
+                kept_text = texts[key] = (value, write(key, value))
+            parts.append(kept_text[1])
+        body = ",".join(parts)
+        return f"[{body}]" if listed else f"{{{body}}}"
+
+
+#: Every table of a state, by its field.
+_TABLE_NAMES = ("targets", *_ENTRIES)
 
 
 class _Texts:
@@ -202,16 +240,19 @@ class _Texts:
     def __init__(self, size: int) -> None:
         self._size = size
         self._texts: OrderedDict[tuple[str, int], tuple[object, str]] = OrderedDict()
+        self._entries: dict[str, _Entries] = {}
         self._lock = threading.Lock()
 
-    def text(self, name: str, table: object) -> str:
+    def text(self, name: str, table: Any) -> str:
         key = (name, id(table))
         with self._lock:
             kept = self._texts.get(key)
-        if kept is not None and kept[0] is table:  # holding the table keeps its id its own
-            return kept[1]
-        text = _dumps(_ENCODERS[name](table))
-        with self._lock:
+            if kept is not None and kept[0] is table:  # holding the table keeps its id its own
+                return kept[1]
+            if name in _ENTRIES:
+                text = self._entries.setdefault(name, _Entries()).text(name, table)
+            else:  # the targets: a sorted list of ids, changed only with the group
+                text = _dumps(sorted(table))
             self._texts[key] = (table, text)
             while len(self._texts) > self._size:
                 self._texts.popitem(last=False)
@@ -219,7 +260,7 @@ class _Texts:
 
 
 #: Two states of a few rollouts, table by table.
-_TABLES = _Texts(8 * len(_ENCODERS))
+_TABLES = _Texts(8 * len(_TABLE_NAMES))
 
 
 def _kpi_row(w: KpiWindow) -> tuple[Any, ...]:

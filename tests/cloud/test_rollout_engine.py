@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Iterable, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -47,7 +48,7 @@ from cloud.rollout.engine import (
 )
 from cloud.rollout.gates import Verdict
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
-from cloud.rollout.state import _SCALARS, ENDED, FactDraft, apply_control
+from cloud.rollout.state import _SCALARS, ENDED, Admission, FactDraft, apply_control
 
 T0 = 1_704_067_200_000  # 2024-01-01 00:00 UTC, a Monday
 OLD, NEW = "1.0.0", "2.0.0"
@@ -814,3 +815,32 @@ def test_a_state_written_table_by_table_is_the_whole_state_written_at_once(
         if i % max(1, len(log) // 30) == 0 or i == len(log) - 1:
             assert state.to_json() == _plain_json(state)
             assert state.to_json() == _plain_json(state)  # with its tables' texts kept
+
+
+def test_tables_written_entry_by_entry_follow_every_change_of_two_rollouts_in_turn() -> None:
+    # The leader writes several rollouts in turn, each pass adding, changing and dropping
+    # entries: each text must be the whole state's, whatever was written before it.
+    def state(n: int, version: str, at: int) -> RolloutState:
+        fleet = [f"cam-{i:03d}" for i in range(n)]
+        return RolloutState(
+            version,
+            outcomes=MappingProxyType(
+                {d: (at + i, version, "running") for i, d in enumerate(fleet)}
+            ),
+            ran=MappingProxyType({d: frozenset({OLD, version}) for d in fleet}),
+            admitted=MappingProxyType({d: Admission(version, OLD, at) for d in fleet[::2]}),
+            kpis=MappingProxyType(
+                {(d, version): KpiWindow(d, version, 5, 2, 1, 0, 9.5, at) for d in fleet[:7]}
+            ),
+        )
+
+    states = [state(40, NEW, T0), state(25, "3.0.0", T0 + 5), state(40, NEW, T0)]
+    grown = replace(
+        states[0], outcomes=MappingProxyType({**states[0].outcomes, "cam-zz": (1, NEW, "failed")})
+    )
+    shrunk = replace(grown, outcomes=MappingProxyType(dict(list(grown.outcomes.items())[5:])))
+    changed = replace(
+        shrunk, outcomes=MappingProxyType({**shrunk.outcomes, "cam-010": (9, NEW, "failed")})
+    )
+    for each in [*states, grown, states[1], shrunk, changed, states[0]]:
+        assert each.to_json() == _plain_json(each)

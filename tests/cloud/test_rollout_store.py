@@ -13,7 +13,7 @@ from cloud.errors import NotFoundError, StoreError, ValidationError
 from cloud.rollout.events import DeviceOutcome
 from cloud.rollout.plan import plan_from_dict
 from cloud.rollout.state import RolloutState
-from cloud.rollout_loop import RolloutLoop, engine_events
+from cloud.rollout_loop import ROLLING_TICK_S, ROLLOUT_TICK_S, RolloutLoop, engine_events
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService
 from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRecord
@@ -223,6 +223,19 @@ def test_a_rolling_deployment_refills_each_freed_place_and_records_when(store: S
     assert {admissions[d] for d in third} == {clock.now}
     assert phase(store, new.id) == "wave"
     assert deployments.admissions(new.id - 1) == {}  # the all-at-once deployment
+    assert loop.pause_s == ROLLING_TICK_S  # under way: freed places are filled sooner
+    for device in DEVICES:
+        report(store, device, "2.0.0", "running", "2.0.0", clock.now)
+    for _ in range(3):
+        step(loop, clock)
+    assert phase(store, new.id) == "completed" and loop.pause_s == ROLLOUT_TICK_S
+
+
+def test_only_a_rolling_rollout_under_way_shortens_the_pause(store: Store) -> None:
+    _, _, loop = canary_opened(store)
+    assert (loop.rolling, loop.pause_s) == (False, ROLLOUT_TICK_S)
+    with pytest.raises(ValueError, match="rolling_tick_s"):
+        RolloutLoop(store, tick_s=1.0, rolling_tick_s=2.0)
 
 
 def test_the_fleet_stop_switch_holds_every_rollout(store: Store) -> None:
