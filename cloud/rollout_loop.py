@@ -269,7 +269,10 @@ def _messages(
     out: list[str] = []
     admits = [d for d in decisions if isinstance(d, Admit)]
     later_wave = new.waves_opened > old.waves_opened and old.waves_opened > 0
-    if later_wave or any(isinstance(d, Completed) for d in decisions):
+    # A rolling rollout opens a wave a pass once past its first: the gates it passed
+    # are said when it leaves the first and at the end, not a few times a second.
+    refill = plan.rolling is not None and old.waves_opened > 1
+    if (later_wave and not refill) or any(isinstance(d, Completed) for d in decisions):
         passed = [r.reason for r in gate_results(plan, joined) if r.verdict is Verdict.PASS]
         out.append("gates passed: " + ("; ".join(passed) or "no gate"))
     if admits:

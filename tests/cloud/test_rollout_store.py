@@ -223,12 +223,16 @@ def test_a_rolling_deployment_refills_each_freed_place_and_records_when(store: S
     assert {admissions[d] for d in third} == {clock.now}
     assert phase(store, new.id) == "wave"
     assert deployments.admissions(new.id - 1) == {}  # the all-at-once deployment
+    log = messages(store)  # each fill is a wave; the gates are said leaving the first only
+    assert sum("gates passed" in m for m in log) == 1
+    assert sum(" opened: " in m for m in log) == 3
     assert loop.pause_s == ROLLING_TICK_S  # under way: freed places are filled sooner
     for device in DEVICES:
         report(store, device, "2.0.0", "running", "2.0.0", clock.now)
     for _ in range(3):
         step(loop, clock)
     assert phase(store, new.id) == "completed" and loop.pause_s == ROLLOUT_TICK_S
+    assert sum("gates passed" in m for m in messages(store)) == 2
 
 
 def test_only_a_rolling_rollout_under_way_shortens_the_pause(store: Store) -> None:
