@@ -18,6 +18,7 @@ loop; the hub's control-loop host runs it, or :func:`cloud.hubcore.running`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -72,6 +73,18 @@ class DesiredNotifier:
         self.failures = 0
         #: Of the successful polls, those that read the whole fleet.
         self.full_reads = 0
+        self._nudged = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def nudge(self) -> None:
+        """Poll now rather than at the end of the interval (callable from any thread).
+
+        The leader calls it after a rollout pass wrote desired state: a device it
+        admitted then hears of it at once instead of after half an interval.
+        """
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._nudged.set)
 
     def subscribe(self, device_id: str) -> asyncio.Event:
         """An event set after the next poll, and whenever ``device_id``'s generation changes."""
@@ -101,10 +114,16 @@ class DesiredNotifier:
             self._snapshot_events.discard(ready)
 
     async def run(self) -> None:
-        """Poll forever, ``interval_s`` apart; a failed poll is logged and retried."""
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(self.interval_s)
+        """Poll forever, ``interval_s`` apart or when nudged; a failed poll is retried."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._nudged.clear()
+                await self.poll_once()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudged.wait(), self.interval_s)
+        finally:
+            self._loop = None
 
     async def poll_once(self) -> bool:
         """Poll the store once and wake whoever it concerns.

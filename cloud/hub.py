@@ -274,7 +274,8 @@ class Hub:
             periodic(self._refresh_timestamp, TIMESTAMP_REFRESH_S),
             leader_only=True,
         )
-        host.add("rollouts", RolloutLoop(self.store).factory(), leader_only=True)
+        rollouts = RolloutLoop(self.store, on_write=core.notifier.nudge)
+        host.add("rollouts", rollouts.factory(), leader_only=True)
         host.add("drift", self._drift_loop(drift_tick_s), leader_only=True)
         host.add("metering", MeteringLoop(self.store).factory(), leader_only=True)
         if not self.config.insecure:

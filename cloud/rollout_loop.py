@@ -338,11 +338,14 @@ class RolloutLoop:
         clock: Callable[[], int] = now_ms,
         tick_s: float = ROLLOUT_TICK_S,
         rolling_tick_s: float = ROLLING_TICK_S,
+        on_write: Callable[[], None] | None = None,
     ) -> None:
         """Drive the rollouts of ``store``; ``clock`` gives ms.
 
         ``tick_s`` is the pause between passes, ``rolling_tick_s`` the pause
-        after a pass that found a rolling rollout under way.
+        after a pass that found a rolling rollout under way. ``on_write`` is
+        called (in the pass's thread) after a pass that stored anything: the
+        hub nudges its desired-state notifier with it.
         """
         if not 0 < rolling_tick_s <= tick_s:
             raise ValueError(f"rolling_tick_s {rolling_tick_s} must be in (0, {tick_s}]")
@@ -350,6 +353,7 @@ class RolloutLoop:
         self._clock = clock
         self._tick_s = tick_s
         self._rolling_tick_s = rolling_tick_s
+        self._on_write = on_write
         #: Whether the last pass drove a rolling rollout still under way.
         self.rolling = False
         #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
@@ -398,6 +402,8 @@ class RolloutLoop:
             except ValidationError as exc:
                 log.error("deployment %d: rollout skipped: %s", rollout.deployment.id, exc)
         self.rolling = rolling
+        if stored and self._on_write is not None:
+            self._on_write()
         return stored
 
     def advance(self, rollout: RolloutRecord) -> bool:

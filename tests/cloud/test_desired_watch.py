@@ -157,3 +157,31 @@ def test_the_fingerprint_moves_with_devices_desired_states_and_instructions(
     prints.append(store.desired_fingerprint())
     assert len(set(prints)) == 4
     assert store.desired_fingerprint() == prints[-1]  # and stays while nothing changes
+
+
+def test_a_nudge_from_another_thread_polls_before_the_interval_is_over(tmp_path: Path) -> None:
+    store = fleet(tmp_path)
+
+    async def scenario() -> tuple[float, int]:
+        notifier = DesiredNotifier(store.desired_generations, interval_s=3600.0)
+        runner = asyncio.create_task(notifier.run())
+        try:
+            cam = notifier.subscribe("cam-1")
+            await asyncio.wait_for(cam.wait(), 30)  # the first poll wakes a new subscriber
+            cam.clear()
+            polls = notifier.polls
+
+            def deploy_and_nudge() -> None:  # as the leader's pass does, in its own thread
+                store.create_deployment("s", "1.0.0", "cams", now_ms=1)
+                notifier.nudge()
+
+            started = asyncio.get_running_loop().time()
+            await asyncio.to_thread(deploy_and_nudge)
+            await asyncio.wait_for(cam.wait(), 30)  # an hour's interval: only the nudge
+            return asyncio.get_running_loop().time() - started, notifier.polls - polls
+        finally:
+            runner.cancel()
+
+    waited, polls = asyncio.run(scenario())
+    assert waited < 30 and polls >= 1
+    DesiredNotifier(store.desired_generations).nudge()  # not running: nothing to wake, no error

@@ -537,3 +537,15 @@ def test_a_row_that_commits_late_below_the_highest_id_seen_is_still_counted(
         assert tally.floor == 1000
     finally:
         store.close()
+
+
+def test_a_pass_that_stored_something_says_so_to_the_hub(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    store.create_deployment("face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now)
+    writes: list[int] = []
+    loop = RolloutLoop(store, clock=clock, on_write=lambda: writes.append(clock.now))
+    step(loop, clock)  # the canary opens: desired state written, the notifier nudged
+    assert writes == [clock.now]
+    step(loop, clock)  # nothing reported: nothing stored, no nudge
+    assert len(writes) == 1
