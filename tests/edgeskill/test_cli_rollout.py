@@ -71,8 +71,8 @@ def test_bad_rollout_options_are_refused_and_nothing_is_deployed(
     _refused(
         _cli(*deploy, "--plan", str(plan), home=home),
         "unknown rollout plan key 'soak'; known: ab, baseline_since_ms, canary, gates, "
-        "install_timeout_s, min_samples, priority, soak_s, strategy, then, wave_interval_s, "
-        "waves, windows",
+        "install_timeout_s, min_samples, priority, rolling, soak_s, strategy, then, "
+        "wave_interval_s, waves, windows",
     )
     plan.write_text('strategy = "ab"\n[ab]\ncontrol = "0.9.0"\n', encoding="utf-8")
     _refused(_cli(*deploy, "--plan", str(plan), home=home), "no skill tiny version 0.9.0")
