@@ -356,6 +356,7 @@ class RolloutLoop:
         self._on_write = on_write
         #: Whether the last pass drove a rolling rollout still under way.
         self.rolling = False
+        self._rolling_seen = False  # the same, for the pass being run
         #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
         self._tallies: dict[int, KpiTally] = {}
         #: Each driven rollout's last pass, if it ended well: the next one diffs against it.
@@ -393,15 +394,13 @@ class RolloutLoop:
             del self._tallies[gone]
         for gone in self._last.keys() - ids:
             del self._last[gone]
-        rolling = False
+        self._rolling_seen = False
         for rollout in driven:
             try:
                 stored += self.advance(rollout)
-                under_way = rollout.phase != Phase.COMPLETED
-                rolling |= under_way and plan_of(rollout).rolling is not None
             except ValidationError as exc:
                 log.error("deployment %d: rollout skipped: %s", rollout.deployment.id, exc)
-        self.rolling = rolling
+        self.rolling = self._rolling_seen
         if stored and self._on_write is not None:
             self._on_write()
         return stored
@@ -421,6 +420,7 @@ class RolloutLoop:
         dep_id = rollout.deployment.id
         last = self._last.pop(dep_id, None)
         plan = plan_of(rollout)
+        self._rolling_seen |= plan.rolling is not None and rollout.phase != Phase.COMPLETED
         now = self._clock()
         # Heartbeats of devices online anyway change no presence before the first
         # device the last read saw online could go quiet: until then its rows stand.
