@@ -13,7 +13,8 @@ All state is in the store, so a hub killed mid-rollout, or a new leader,
 carries on from the last stored pass; facts are joined order-free by the
 engine, so reading them again is harmless. The loop keeps each rollout's last
 pass (:class:`LastPass`) only to spare work: a pass reads the targets' rows
-only when the fleet stamp says a write may have changed them since
+only when the fleet stamp says a write may have changed them since, and only the
+rows of the reports stored lately when only reports moved it
 (:mod:`cloud.store.fleet_stamp`; heartbeats of devices online anyway count only
 once one of them may have gone quiet), and builds facts and events only for
 the devices whose rows changed (and every target's presence once one may have
@@ -78,7 +79,7 @@ ROLLOUT_TICK_S = 1.0
 #: How often while a rolling rollout is under way: a place its reports free waits
 #: for the next pass to be filled, and a whole tick of it idles the fleet's upgrade.
 ROLLING_TICK_S = 0.25
-#: Longest a pass takes the fleet stamp's word that no target's row changed.
+#: Longest a pass takes the fleet stamp's word that no target's row changed (or only reports).
 REREAD_MS = 30_000
 
 
@@ -117,8 +118,8 @@ class LastPass:
     None when another process wrote it first. ``facts``: what the pass read.
     ``now_ms``: its time. ``quiet_ms``: the earliest time a target it last saw
     online turns offline by silence alone. ``targets``: its :class:`Targets` event.
-    ``rows_read_ms``: when the targets' rows in ``facts`` were last read (not
-    reused on the fleet stamp's word).
+    ``rows_read_ms``: when the targets' rows in ``facts`` were last read whole (not
+    kept, all or most of them, on the fleet stamp's word).
     """
 
     state: str | None
@@ -446,8 +447,7 @@ class RolloutLoop:
         change = update_for(rollout, plan, (events.facts, events.controls))
         written = change is not None and self._store.save_rollout(change, now_ms=now)
         left = rollout.state if change is None else change.state if written else None
-        reused = last is not None and facts.rows is last.facts.rows
-        read_ms = last.rows_read_ms if reused and last is not None else now
+        read_ms = last.rows_read_ms if last is not None and not facts.whole else now
         self._last[dep_id] = LastPass(
             left, facts, now, events.quiet_ms, events.targets, rows_read_ms=read_ms
         )

@@ -6,12 +6,17 @@ their labels, groups, reports) bump a counter in the same transaction, as its
 last statement, and a pass reads the counters first: while they stand still it
 reuses its last read (:func:`reusable`).
 
-There are two counters. ``changes`` moves with every such write but one kind,
-and ``refreshes`` with that kind: heartbeats that only move on the last-seen
+There are three counters. ``changes`` moves with every such write but two
+kinds. ``refreshes`` moves with heartbeats that only move on the last-seen
 time of devices that were online anyway (:func:`only_refreshes`). Those change
 no presence a pass derives before the first device its last read saw online
 could go quiet, so a pass before then may reuse its read across them; in a
 fleet that heartbeats, nearly every presence batch is of that kind.
+``reports`` moves with reports, which change only ``reported_states`` rows and
+stamp each with the hub's time (``stored_ms``): when nothing but reports
+moved, a pass reads the rows stored since shortly before its last read
+(:data:`REPORT_MARGIN_MS`) and keeps the rest of its last read
+(:func:`moved`); during a rollout, reports are most of what moves.
 
 The counters are striped over :data:`SLOTS` rows and each transaction bumps a
 random one: on PostgreSQL a bumped row stays locked until its transaction
@@ -24,6 +29,7 @@ in one statement that did not move means no counted write committed since.
 
 from __future__ import annotations
 
+import enum
 import secrets
 from collections.abc import Iterable, Mapping
 
@@ -34,13 +40,15 @@ from cloud.store.schema import devices, fleet_stamp
 
 __all__ = [
     "REFRESH_MARGIN_MS",
+    "REPORT_MARGIN_MS",
     "SLOTS",
+    "Moved",
     "Stamp",
     "bump",
     "lock_presence",
+    "moved",
     "only_refreshes",
     "read_stamp",
-    "reusable",
 ]
 
 #: Rows the counters are striped over; migration 0010 creates them.
@@ -48,18 +56,35 @@ SLOTS = 16
 #: How much sooner than by its own clock a writer takes a device to go quiet, before it
 #: counts a heartbeat as a refresh: room for the clocks of hub hosts to disagree.
 REFRESH_MARGIN_MS = 1000
-#: The counters' sums, ``(changes, refreshes)``.
-Stamp = tuple[int, int]
+#: How much earlier than a pass's last read a report may have taken its ``stored_ms`` and
+#: still have committed after that read, by database: the time a writer takes it inside
+#: its transaction to its commit, plus room for the clocks of hub hosts to disagree. A
+#: PostgreSQL writer may wait on others' row locks after taking it. A report that took
+#: longer is read by the next full read (the leader reads in full every so often).
+REPORT_MARGIN_MS = {"sqlite": 2000, "postgresql": 10_000 + REFRESH_MARGIN_MS}
+#: The counters' sums, ``(changes, refreshes, reports)``.
+Stamp = tuple[int, int, int]
+
+
+class Moved(enum.Enum):
+    """What may have changed in what a pass reads since a stamp."""
+
+    NOTHING = "nothing"
+    REPORTS = "reports"  #: only reports: those stored lately are read
+    ROWS = "rows"  #: anything: every row is read
+
 
 _IDS_PER_QUERY = 500
 
 
-def bump(conn: Connection, *, refresh: bool = False) -> None:
+def bump(conn: Connection, *, refresh: bool = False, report: bool = False) -> None:
     """Count one write of ``conn``'s transaction; call it as the transaction's last statement.
 
     ``refresh``: the write only refreshed devices online anyway (see :func:`only_refreshes`).
+    ``report``: it only wrote reports, each with its ``stored_ms``.
     """
-    column = fleet_stamp.c.refreshes if refresh else fleet_stamp.c.changes
+    s = fleet_stamp.c
+    column = s.refreshes if refresh else s.reports if report else s.changes
     slot = secrets.randbelow(SLOTS)
     conn.execute(update(fleet_stamp).where(fleet_stamp.c.slot == slot).values({column: column + 1}))
 
@@ -67,23 +92,24 @@ def bump(conn: Connection, *, refresh: bool = False) -> None:
 def read_stamp(conn: Connection) -> Stamp | None:
     """The counters now, or None when slots are missing (a bump may then have counted nothing)."""
     s = fleet_stamp.c
-    row = conn.execute(
-        select(func.count(), func.sum(s.changes), func.sum(s.refreshes)).select_from(fleet_stamp)
-    ).one()
+    sums = (func.sum(s.changes), func.sum(s.refreshes), func.sum(s.reports))
+    row = conn.execute(select(func.count(), *sums).select_from(fleet_stamp)).one()
     if row[0] != SLOTS:
         return None
-    return int(row[1]), int(row[2])
+    return int(row[1]), int(row[2]), int(row[3])
 
 
-def reusable(last: Stamp | None, now: Stamp | None, *, refreshes_moot: bool) -> bool:
-    """Whether a read made at ``last`` still holds at ``now``.
+def moved(last: Stamp | None, now: Stamp | None, *, refreshes_moot: bool) -> Moved:
+    """What may have changed since a read made at ``last``, by the stamp ``now``.
 
     ``refreshes_moot``: refreshes cannot have changed what the reader derives (it
     is earlier than the first device the read saw online could go quiet).
     """
     if last is None or now is None or last[0] != now[0]:
-        return False
-    return refreshes_moot or last[1] == now[1]
+        return Moved.ROWS
+    if not refreshes_moot and last[1] != now[1]:
+        return Moved.ROWS
+    return Moved.NOTHING if last[2] == now[2] else Moved.REPORTS
 
 
 def lock_presence(conn: Connection, device_ids: Iterable[str]) -> dict[str, tuple[int, int, bool]]:

@@ -9,8 +9,9 @@ The leader reads a rollout's facts every second, and between two reads few of
 its targets' rows change: a read given the last one (``last``) compares the raw rows,
 takes the unchanged devices' facts from it and says which devices changed
 (:attr:`RolloutFacts.changed`). Given the fleet stamp it was read at, it skips
-reading the rows at all while the stamp says no write could have changed them
-(:mod:`cloud.store.fleet_stamp`).
+reading the rows at all while the stamp says no write could have changed them,
+and reads only the rows of the reports stored lately while it says only
+reports moved (:mod:`cloud.store.fleet_stamp`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy import Connection, and_, case, func, or_, select
 
 from cloud.errors import StoreError, ValidationError
 from cloud.rollout.plan import plan_from_dict
-from cloud.store.fleet_stamp import Stamp, reusable
+from cloud.store.fleet_stamp import REPORT_MARGIN_MS, Moved, Stamp, moved
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
 from cloud.store.schema import devices, fleet_controls, reported_states, rollouts, telemetry
 
@@ -41,6 +42,8 @@ __all__ = [
     "read_facts",
 ]
 
+#: Most ids in one query's IN list.
+_IDS_PER_QUERY = 500
 #: Telemetry older than this before a deployment was made is no baseline for it.
 KPI_LOOKBACK_MS = 3600 * 1000
 #: The id of the one ``fleet_controls`` row.
@@ -62,18 +65,23 @@ class RolloutFacts:
     status of the skill (when it reported it). ``kpis``: ``(device, version,
     inferences, labelled, correct, errors, p95_ms, at_ms)`` totals of the skill's
     telemetry. ``fleet_stop``: the switch and when it last changed. ``rows``:
-    the targets' rows as read. ``changed``: the targets whose row differs from
+    each target's row as read. ``changed``: the targets whose row differs from
     the last read's (new targets included), or None when read without one.
     ``stamp``: the fleet stamp ``rows`` were read at (None: unknown).
+    ``read_ms``: the hub's time (wall clock, ms) when they were read or found
+    unchanged. ``whole``: every row was read now (not kept from the last read on
+    the stamp's word).
     """
 
     targets: Mapping[str, tuple[int, int, bool]]
     reports: Mapping[str, tuple[int, SkillStatusRecord]]
     kpis: tuple[tuple[str, str, int, int, int, int, float, int], ...]
     fleet_stop: tuple[bool, int]
-    rows: frozenset[DeviceRow] = frozenset()
+    rows: Mapping[str, DeviceRow] = field(default_factory=dict)
     changed: frozenset[str] | None = None
     stamp: Stamp | None = None
+    read_ms: int = 0
+    whole: bool = True
 
 
 def read_facts(
@@ -94,22 +102,32 @@ def read_facts(
     its unchanged devices are taken from it, and its KPIs when no total moved.
     ``stamp``: the fleet stamp, read in this transaction before anything else;
     when it says no write changed the rows since ``last`` read them (refreshes
-    aside when ``refreshes_moot``, see :func:`cloud.store.fleet_stamp.reusable`),
-    they are not read again, unless ``reread``.
+    aside when ``refreshes_moot``, see :func:`cloud.store.fleet_stamp.moved`),
+    they are not read again, and when only reports moved, only the rows of the
+    reports stored since shortly before ``last`` are; unless ``reread``.
 
     Raises:
         StoreError: Stored data is corrupt.
     """
     changed: frozenset[str] | None
-    if (
-        not reread
-        and last is not None
-        and reusable(last.stamp, stamp, refreshes_moot=refreshes_moot)
-    ):
+    read_ms = time.time_ns() // 1_000_000
+    news = Moved.ROWS
+    if not reread and last is not None:
+        news = moved(last.stamp, stamp, refreshes_moot=refreshes_moot)
+    if last is not None and news is Moved.NOTHING:
         # The rows are last's, so is the stamp they were read at: refreshes skipped
         # here are still news to a later read to which they are not moot.
         targets, reports = last.targets, last.reports
         rows, changed, stamp = last.rows, frozenset(), last.stamp
+    elif (
+        last is not None and last.stamp is not None and stamp is not None and news is Moved.REPORTS
+    ):
+        margin = REPORT_MARGIN_MS.get(conn.dialect.name, max(REPORT_MARGIN_MS.values()))
+        targets, reports, rows, changed = _read_reports(
+            conn, dep.skill, where, last, last.read_ms - margin
+        )
+        # The stamp moves on with the reports only: refreshes skipped stay news.
+        stamp = (last.stamp[0], last.stamp[1], stamp[2])
     else:
         targets, reports, rows, changed = _read_devices(conn, dep.skill, where, last)
     since = dep.created_ms - KPI_LOOKBACK_MS
@@ -120,7 +138,8 @@ def read_facts(
     kpis = _kpis(conn, ids, targets, dep, since, baseline, tally, kept)
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
-    return RolloutFacts(targets, reports, kpis, flag, rows, changed, stamp)
+    whole = news is Moved.ROWS
+    return RolloutFacts(targets, reports, kpis, flag, rows, changed, stamp, read_ms, whole)
 
 
 def _read_devices(
@@ -128,20 +147,49 @@ def _read_devices(
 ) -> tuple[
     dict[str, tuple[int, int, bool]],
     dict[str, tuple[int, SkillStatusRecord]],
-    frozenset[DeviceRow],
+    Mapping[str, DeviceRow],
     frozenset[str] | None,
 ]:
     """The targets, reports and rows read now, and which changed since ``last``."""
     with conn.execute(_device_rows(where)) as result:
-        # The driver's own tuples: sets of SQLAlchemy rows compare row by row in Python,
+        # The driver's own tuples: SQLAlchemy rows compare field by field in Python,
         # and the rows are compared with the last read's every pass.
-        rows: frozenset[DeviceRow] = frozenset(result.cursor.fetchall())
+        rows: dict[str, DeviceRow] = {r[0]: r for r in result.cursor.fetchall()}
     if last is None:
-        return *_device_facts(rows, skill, {}, {}), rows, None
-    fresh = rows - last.rows
+        return *_device_facts(rows.values(), skill, {}, {}), rows, None
+    held = last.rows
+    fresh = [r for d, r in rows.items() if held.get(d) != r]
+    gone = held.keys() - rows.keys()
     changed = frozenset(r[0] for r in fresh)
-    gone = {r[0] for r in last.rows - rows} - changed
     return *_device_facts(fresh, skill, last.targets, last.reports, gone), rows, changed
+
+
+def _read_reports(
+    conn: Connection, skill: str, where: Any, last: RolloutFacts, since_ms: int
+) -> tuple[
+    dict[str, tuple[int, int, bool]],
+    dict[str, tuple[int, SkillStatusRecord]],
+    dict[str, DeviceRow],
+    frozenset[str],
+]:
+    """``last``'s facts with the rows of the reports stored since ``since_ms`` read again.
+
+    Only reports moved the stamp since ``last``: the targets are ``last``'s, and
+    every other row is as it read it.
+    """
+    # The ids first, by the index on the time: joined at once, a planner without
+    # statistics walks every target and looks each one's report up.
+    r = reported_states.c
+    ids = sorted(conn.execute(select(r.device_id).where(r.stored_ms >= since_ms)).scalars())
+    fresh = []
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chosen = and_(devices.c.device_id.in_(ids[start : start + _IDS_PER_QUERY]), where)
+        with conn.execute(_device_rows(chosen)) as result:
+            fresh += [r for r in result.cursor.fetchall() if last.rows.get(r[0]) != r]
+    rows = dict(last.rows)
+    rows.update((r[0], r) for r in fresh)
+    changed = frozenset(r[0] for r in fresh)
+    return *_device_facts(fresh, skill, last.targets, last.reports), rows, changed
 
 
 def _device_rows(where: Any) -> Any:

@@ -170,6 +170,7 @@ fleet_stamp = Table(
     Column("slot", Integer, primary_key=True, autoincrement=False),
     Column("changes", BigInteger, nullable=False),
     Column("refreshes", BigInteger, nullable=False),
+    Column("reports", BigInteger, nullable=False, server_default="0"),
 )
 
 desired_states = Table(
@@ -197,6 +198,10 @@ reported_states = Table(
     Column("generation", BigInteger, nullable=False),
     Column("skills", Text, nullable=False),
     Column("reported_ms", BigInteger, nullable=False),
+    # When the hub stored it, by the hub's clock (NULL: before migration 0011); a rollout
+    # pass reads only the reports stored lately when the fleet stamp says only reports moved.
+    Column("stored_ms", BigInteger, nullable=True),
+    Index(None, "stored_ms"),
 )
 
 # The director's latest signed instruction per device. No foreign key to devices:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,6 +33,9 @@ from cloud.store.schema import (
 )
 
 __all__ = ["StateTables", "TargetRecord"]
+
+#: The columns a newer report replaces.
+REPORT_COLUMNS = ("generation", "skills", "reported_ms", "stored_ms")
 
 
 @dataclass(frozen=True)
@@ -364,13 +368,18 @@ def _apply_reports(
         }
         results.append(True)
     if latest:
+        # Taken with the rows locked, shortly before the commit: a rollout pass that
+        # finds only reports moved reads those stored since a little before its last read.
+        stored_ms = time.time_ns() // 1_000_000
+        for value in latest.values():
+            value["stored_ms"] = stored_ms
         upsert = dialect.insert(reported_states)
         upsert = upsert.on_conflict_do_update(
             index_elements=["device_id"],
-            set_={c: upsert.excluded[c] for c in ("generation", "skills", "reported_ms")},
+            set_={c: upsert.excluded[c] for c in REPORT_COLUMNS},
         )
         conn.execute(upsert, list(latest.values()))
     insert_timed_events(conn, events)
     if latest:
-        bump(conn)
+        bump(conn, report=True)
     return results

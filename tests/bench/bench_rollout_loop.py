@@ -1,13 +1,18 @@
 """Rollout loop benchmark: the leader's pass over a large fleet, in one process, no network.
 
-Run: ``python tests/bench/bench_rollout_loop.py [--devices 10000] [--windows 60]``
+Run: ``python tests/bench/bench_rollout_loop.py [--devices 10000] [--windows 60]
+[--strategy waves|rolling]``
 
 A SQLite store in RAM holds ``--devices`` cameras running 1.0.0 with
 ``--windows`` telemetry windows each from before the deployment (60: an hour at
 one a minute, the KPI lookback), then 2.0.0 is deployed in exponential waves
 (100, 200, 400, ... at most 2,000 a wave, no interval). The leader's loop then
 runs a pass a (simulated) second; after every other pass the devices admitted so
-far report 2.0.0 running. Timed, as medians over the passes of each kind:
+far report 2.0.0 running. With ``--strategy rolling`` (at most 300 in flight, as
+``tests/bench/rollout_rolling.toml``) the passes come every (simulated) quarter
+second and after every other pass 60 of the devices in flight report, as a rolling
+upgrade's reports trickle in between its leader's passes. Timed, as medians over
+the passes of each kind:
 
 * ``first``: the leader's first pass (it sums every KPI window once);
 * ``quiet``: a pass where nothing new was reported (the steady cost a second);
@@ -49,6 +54,9 @@ WAVES = {
     "wave_interval_s": 0,
     "waves": {"base_rate_per_min": 100, "increment_factor": 2.0, "max_per_min": 2000},
 }
+ROLLING = {"strategy": "rolling", "rolling": {"max_in_flight": 300}}
+#: Reports that come in between two rolling passes.
+ROLLING_REPORTS = 60
 #: Most telemetry windows the store takes in one batch.
 BATCH = 10_000
 console = Console()
@@ -87,21 +95,27 @@ def build_fleet(store: Store, devices: int, windows: int, now_ms: int) -> list[s
     return fleet
 
 
-def measure(devices: int, windows: int, passes: int) -> dict[str, Any]:
+def measure(devices: int, windows: int, passes: int, strategy: str) -> dict[str, Any]:
     """Build the fleet, run the passes; the medians by kind and the baseline."""
+    rolling = strategy == "rolling"
+    tick_ms, reports = (250, ROLLING_REPORTS) if rolling else (1000, devices)
     now = [10_000_000_000]
     with tempfile.TemporaryDirectory(prefix="edgeskill-bench-loop-", dir=ram_folder()) as tmp:
         store = open_store(f"sqlite:///{tmp}/hub.db")
         try:
             build_fleet(store, devices, windows, now[0])
             dep = store.create_deployment(
-                "face", "2.0.0", "cams", plan=plan_from_dict(WAVES), now_ms=now[0]
+                "face",
+                "2.0.0",
+                "cams",
+                plan=plan_from_dict(ROLLING if rolling else WAVES),
+                now_ms=now[0],
             )
             loop = RolloutLoop(store, clock=lambda: now[0])
             kinds: dict[str, list[float]] = {"first": [], "quiet": [], "joined": []}
-            reported: set[str] = set()
+            reported: dict[str, None] = {}  # in the order they reported
             for n in range(passes):
-                now[0] += 1000
+                now[0] += tick_ms
                 started = time.perf_counter()
                 loop.pass_once()
                 took = (time.perf_counter() - started) * 1000
@@ -109,9 +123,10 @@ def measure(devices: int, windows: int, passes: int) -> dict[str, Any]:
                 kinds["first" if n == 0 else "joined" if n % 2 else "quiet"].append(took)
                 if n % 2 == 0:
                     admitted = store.rollouts_of([dep.id])[dep.id].admitted or {}
-                    for device in set(admitted) - reported:
+                    waiting = [d for d in admitted if d not in reported][:reports]
+                    for device in waiting:
                         _report(store, device, "2.0.0", now[0])
-                    reported |= set(admitted)
+                    reported.update(dict.fromkeys(waiting))
             rollout = store.rollouts_of([dep.id])[dep.id]
             reads = []
             for _ in range(3):
@@ -123,6 +138,7 @@ def measure(devices: int, windows: int, passes: int) -> dict[str, Any]:
     quiet = statistics.median(kinds["quiet"])
     facts_read = statistics.median(reads)
     return {
+        "strategy": strategy,
         "devices": devices,
         "windows_per_device": windows,
         "passes": passes,
@@ -142,8 +158,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=10_000)
     parser.add_argument("--windows", type=int, default=60, help="telemetry windows a device")
     parser.add_argument("--passes", type=int, default=16)
+    parser.add_argument("--strategy", choices=("waves", "rolling"), default="waves")
     args = parser.parse_args()
-    row = measure(args.devices, args.windows, args.passes)
+    row = measure(args.devices, args.windows, args.passes, args.strategy)
     table = Table("measure", "value", title="the leader's rollout pass (ms)")
     for key, value in row.items():
         table.add_row(key, str(value))

@@ -1,9 +1,10 @@
 """The fleet stamp spares a quiet rollout pass its read of every target, on SQLite and PostgreSQL.
 
 A pass reads the stamp first and reuses its last read of the targets' rows
-while no write moved it. These tests count the statements the leader's store
-runs, write as another hub process would (another store on the same
-database), and hold each pass to what a full read sees.
+while no write moved it, and reads only the reports stored lately while only
+reports moved it. These tests count the statements the leader's store runs,
+write as another hub process would (another store on the same database), and
+hold each pass to what a full read sees.
 """
 
 from __future__ import annotations
@@ -13,20 +14,30 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import delete, event
+from sqlalchemy import delete, event, update
 
 from cloud.rollout.events import DevicePresence
 from cloud.rollout.plan import plan_from_dict
 from cloud.rollout_loop import REREAD_MS, RolloutLoop
 from cloud.store import SkillStatusRecord, Store
-from cloud.store.fleet_stamp import REFRESH_MARGIN_MS, SLOTS, only_refreshes, read_stamp
-from cloud.store.schema import fleet_stamp
+from cloud.store.fleet_stamp import (
+    REFRESH_MARGIN_MS,
+    REPORT_MARGIN_MS,
+    SLOTS,
+    only_refreshes,
+    read_stamp,
+)
+from cloud.store.schema import fleet_stamp, reported_states
 from cloud.store.store import open_store
 from tests.cloud.test_rollout_passes import PATIENT, Passes
 from tests.cloud.test_rollout_store import CAMERA, DEVICES, Clock, fleet_on_v1, report
 
 #: What the read of every target's presence and report looks like in SQL.
 JOIN = "LEFT OUTER JOIN reported_states"
+#: What the read of the targets' reports stored lately looks like: their ids by time first.
+REPORTS_READ = "WHERE reported_states.stored_ms >="
+#: What reading the rows of those ids adds to the join.
+BY_ID = "devices.device_id IN ("
 
 
 class Statements:
@@ -40,8 +51,13 @@ class Statements:
         self.seen.append(str(args[2]))
 
     def joins(self) -> int:
-        """How many of them read the targets' rows; clears the list."""
-        count = sum(JOIN in s for s in self.seen)
+        """How many of them read every target's row; clears the list."""
+        return self.reads()[0]
+
+    def reads(self) -> tuple[int, int]:
+        """How many read every target's row, and how many the reports stored lately; clears."""
+        full = sum(JOIN in s and BY_ID not in s for s in self.seen)
+        count = full, sum(REPORTS_READ in s for s in self.seen)
         self.seen.clear()
         return count
 
@@ -59,11 +75,16 @@ class Leader:
     statements: Statements
 
     def step(self, ms: int = 1000) -> int:
-        """Run a pass ``ms`` later; how many times it read the targets' rows."""
+        """Run a pass ``ms`` later; how many times it read every target's row."""
+        return self.step_reads(ms)[0]
+
+    def step_reads(self, ms: int = 1000) -> tuple[int, int]:
+        """Run a pass ``ms`` later; how many times it read every target's row, and the
+        reports stored lately."""
         self.clock.now += ms
-        self.statements.joins()
+        self.statements.reads()
         self.loop.pass_once()
-        return self.statements.joins()
+        return self.statements.reads()
 
     def as_read_in_full(self) -> bool:
         """Whether the loop's last read holds what a full read finds now."""
@@ -117,6 +138,8 @@ WRITES: dict[str, Callable[[Store, Clock], object]] = {
     "registered": lambda s, c: s.register_device("cam-98", CAMERA, {}, now_ms=c.now),
     "enrolled": lambda s, c: s.enroll_device("cam-99", CAMERA, now_ms=c.now),
 }
+#: The writes that only store reports: a pass reads the reports stored lately for them.
+REPORT_WRITES = ("report", "reports in a batch")
 
 
 @pytest.mark.parametrize("write", WRITES)
@@ -129,9 +152,9 @@ def test_each_write_by_another_hub_process_is_read_on_the_next_pass(
     WRITES[write](leader.other, leader.clock)
     after = leader.other.rollout_facts(rollout)
     assert (after.targets, after.reports) != (before.targets, before.reports)
-    assert leader.step() == 1
+    assert leader.step_reads() == ((0, 1) if write in REPORT_WRITES else (1, 0))
     assert leader.as_read_in_full()
-    assert leader.step() == 0
+    assert leader.step_reads() == (0, 0)
 
 
 def test_a_new_group_moves_the_stamp(leader: Leader) -> None:
@@ -166,7 +189,7 @@ def test_writers_in_several_processes_at_once_each_count_once(
     with leader.other.engine.connect() as conn:
         after = read_stamp(conn)
     assert before is not None and after is not None
-    assert after[0] - before[0] == 4 * 25 * 2
+    assert (after[0] - before[0], after[2] - before[2]) == (4 * 25, 4 * 25)
 
 
 def test_devices_gone_quiet_are_seen_offline_on_a_pass_that_reads_no_row(leader: Leader) -> None:
@@ -186,7 +209,7 @@ def test_heartbeats_of_online_devices_are_read_once_one_may_have_gone_quiet(
     leader.other.record_presence(dict.fromkeys(DEVICES, (heard, True)), now_ms=heard)
     with leader.other.engine.connect() as conn:
         after = read_stamp(conn)
-    assert before is not None and after == (before[0], before[1] + 1)  # a refresh
+    assert before is not None and after == (before[0], before[1] + 1, before[2])  # a refresh
     assert leader.step(5000) == 0  # heard 1 s ago; the last read's devices online till 10 s
     assert leader.step(5000) == 1  # 11 s after the last read's messages: read the heartbeats
     assert leader.passes.last() == []  # nobody went quiet
@@ -235,12 +258,73 @@ def test_a_write_that_moves_no_stamp_is_still_read_within_the_reread_time(leader
         conn.execute(delete(fleet_stamp))  # put the counters back as they were
         conn.execute(
             fleet_stamp.insert(),
-            [{"slot": i, "changes": 0, "refreshes": 0} for i in range(1, SLOTS)]
-            + [{"slot": 0, "changes": before[0], "refreshes": before[1]}],
+            [{"slot": i, "changes": 0, "refreshes": 0, "reports": 0} for i in range(1, SLOTS)]
+            + [{"slot": 0, "changes": before[0], "refreshes": before[1], "reports": before[2]}],
         )
     reads = [leader.step(REREAD_MS // 3) for _ in range(4)]
     assert reads[:2] == [0, 0]  # the stamp's word, for a while
     assert 1 in reads[2:]  # then read again whatever it says
+    assert leader.as_read_in_full()
+
+
+def _age_reports(store: Store, ms: int) -> None:
+    """Make every stored report look stored ``ms`` earlier (a pass reads those stored lately)."""
+    with store.engine.begin() as conn:
+        conn.execute(update(reported_states).values(stored_ms=reported_states.c.stored_ms - ms))
+
+
+def test_reports_stored_in_a_row_are_read_a_few_at_a_time_and_agree_with_a_full_read(
+    leader: Leader,
+) -> None:
+    _age_reports(leader.other, 3600_000)  # the fleet's reports of 1.0.0: an hour old
+    versions = ["1.0.0", "2.0.0"]
+    for n in range(12):
+        device = DEVICES[(n * 7) % len(DEVICES)]
+        state = "failed" if n % 5 == 4 else "running"
+        report(leader.other, device, versions[n % 2], state, "2.0.0", leader.clock.now + n)
+        reported = {device}
+        if n % 3 == 2:  # several reports between two passes
+            report(leader.other, DEVICES[n], "1.0.0", "running", "1.0.0", leader.clock.now + n)
+            reported.add(DEVICES[n])
+        assert leader.step_reads(200) == (0, 1)
+        assert leader.loop._last[leader.dep_id].facts.changed == reported
+        assert leader.as_read_in_full()
+    assert leader.step_reads(200) == (0, 0)
+
+
+def test_a_report_between_other_writes_is_read_with_them(leader: Leader) -> None:
+    _age_reports(leader.other, 3600_000)
+    report(leader.other, "cam-01", "2.0.0", "running", "2.0.0", leader.clock.now)
+    leader.other.set_device_connected("cam-02", connected=False)  # not a report: all is read
+    assert leader.step_reads() == (1, 0)
+    assert leader.loop._last[leader.dep_id].facts.changed == {"cam-01", "cam-02"}
+    assert leader.as_read_in_full()
+    report(leader.other, "cam-03", "1.0.0", "failed", "2.0.0", leader.clock.now)
+    heard = leader.clock.now + 1000
+    leader.other.record_presence(dict.fromkeys(DEVICES[4:], (heard, True)), now_ms=heard)
+    assert leader.step_reads() == (0, 1)  # the heartbeats only refresh devices online anyway
+    facts = leader.loop._last[leader.dep_id].facts
+    assert facts.changed == {"cam-03"}  # the refreshes are read once they matter, not yet
+    rollout = leader.store.rollouts_of([leader.dep_id])[leader.dep_id]
+    assert facts.reports == leader.other.rollout_facts(rollout).reports
+
+
+def test_a_report_stored_long_before_it_committed_is_read_by_the_next_full_read(
+    leader: Leader,
+) -> None:
+    # A writer that took its time and then stalled past the margin before committing.
+    report(leader.other, "cam-01", "1.0.0", "failed", "2.0.0", leader.clock.now)
+    with leader.other.engine.begin() as conn:
+        late = reported_states.c.stored_ms - 10 * max(REPORT_MARGIN_MS.values())
+        conn.execute(
+            update(reported_states)
+            .where(reported_states.c.device_id == "cam-01")
+            .values(stored_ms=late)
+        )
+    assert leader.step_reads(1000) == (0, 1)
+    assert not leader.as_read_in_full()  # the margin was not enough for it
+    reads = [leader.step_reads(REREAD_MS // 3)[0] for _ in range(4)]
+    assert 1 in reads  # then everything is read again, whatever the stamp says
     assert leader.as_read_in_full()
 
 
