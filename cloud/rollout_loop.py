@@ -114,15 +114,15 @@ def _outcome(at_ms: int, state: str, version: str, wanted: str) -> tuple[int, st
 class LastPass:
     """What the loop's last pass of a rollout read and left, for the next pass to diff against.
 
-    ``state``: the stored state text the pass left (written, or found unchanged),
-    None when another process wrote it first. ``facts``: what the pass read.
+    ``revision``: the revision of the stored state the pass left (written, or
+    found unchanged), None when another process stored over it first. ``facts``: what the pass read.
     ``now_ms``: its time. ``quiet_ms``: the earliest time a target it last saw
     online turns offline by silence alone. ``targets``: its :class:`Targets` event.
     ``rows_read_ms``: when the targets' rows in ``facts`` were last read whole (not
     kept, all or most of them, on the fleet stamp's word).
     """
 
-    state: str | None
+    revision: int | None
     facts: RolloutFacts
     now_ms: int
     quiet_ms: int
@@ -318,7 +318,7 @@ def update_for(
     admitted = _admitted(plan, new)
     return RolloutUpdate(
         deployment_id=dep.id,
-        expected_state=rollout.state,
+        expected_revision=rollout.revision,
         state=new.to_json(),
         phase=new.phase.value,
         admitted=admitted,
@@ -362,6 +362,8 @@ class RolloutLoop:
         self._tallies: dict[int, KpiTally] = {}
         #: Each driven rollout's last pass, if it ended well: the next one diffs against it.
         self._last: dict[int, LastPass] = {}
+        #: Each driven rollout as its last pass left it stored: its state is not read again.
+        self._held: dict[int, RolloutRecord] = {}
 
     def factory(self) -> LoopFactory:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
@@ -388,13 +390,11 @@ class RolloutLoop:
             StoreError: The database failed.
         """
         stored = 0
-        driven = self._store.driven_rollouts()
-
+        driven = self._store.driven_rollouts(self._held)
         ids = {r.deployment.id for r in driven}
-        for gone in self._tallies.keys() - ids:
-            del self._tallies[gone]
-        for gone in self._last.keys() - ids:
-            del self._last[gone]
+        for kept in (self._tallies, self._last, self._held):
+            for gone in kept.keys() - ids:
+                del kept[gone]
         self._rolling_seen = False
         for rollout in driven:
             try:
@@ -420,6 +420,7 @@ class RolloutLoop:
         """
         dep_id = rollout.deployment.id
         last = self._last.pop(dep_id, None)
+        self._held.pop(dep_id, None)
         plan = plan_of(rollout)
         self._rolling_seen |= plan.rolling is not None and rollout.phase != Phase.COMPLETED
         now = self._clock()
@@ -442,11 +443,22 @@ class RolloutLoop:
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
         state = RolloutState.from_json(rollout.state)
-        held = last if last is not None and last.state == rollout.state else None
+        held = last if last is not None and last.revision == rollout.revision else None
         events = _events(state, facts, rollout.commands, now, held)
         change = update_for(rollout, plan, (events.facts, events.controls))
         written = change is not None and self._store.save_rollout(change, now_ms=now)
-        left = rollout.state if change is None else change.state if written else None
+        if change is None:
+            self._held[dep_id] = rollout
+        elif written:
+            self._held[dep_id] = replace(
+                rollout,
+                state=change.state,
+                phase=change.phase,
+                admitted=change.admitted,
+                updated_ms=now,
+                revision=change.expected_revision + 1,
+            )
+        left = self._held[dep_id].revision if dep_id in self._held else None
         read_ms = last.rows_read_ms if last is not None and not facts.whole else now
         self._last[dep_id] = LastPass(
             left, facts, now, events.quiet_ms, events.targets, rows_read_ms=read_ms

@@ -150,6 +150,9 @@ rollouts = Table(
     Column("admitted", Text, nullable=True),
     Column("commands", Text, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
+    # One more with every pass stored: a pass stores only over the revision it read, and
+    # the leader reads the state and ``admitted`` again only when another process moved it.
+    Column("revision", BigInteger, nullable=False, server_default="0"),
     Index(None, "phase"),
 )
 

@@ -18,6 +18,7 @@ from sqlalchemy import delete, event, update
 
 from cloud.rollout.events import DevicePresence
 from cloud.rollout.plan import plan_from_dict
+from cloud.rollout.state import RolloutState
 from cloud.rollout_loop import REREAD_MS, RolloutLoop
 from cloud.store import SkillStatusRecord, Store
 from cloud.store.fleet_stamp import (
@@ -27,10 +28,18 @@ from cloud.store.fleet_stamp import (
     only_refreshes,
     read_stamp,
 )
+from cloud.store.rollouts import RolloutUpdate
 from cloud.store.schema import fleet_stamp, reported_states
 from cloud.store.store import open_store
 from tests.cloud.test_rollout_passes import PATIENT, Passes
-from tests.cloud.test_rollout_store import CAMERA, DEVICES, Clock, fleet_on_v1, report
+from tests.cloud.test_rollout_store import (
+    CAMERA,
+    DEVICES,
+    Clock,
+    admitted_devices,
+    fleet_on_v1,
+    report,
+)
 
 #: What the read of every target's presence and report looks like in SQL.
 JOIN = "LEFT OUTER JOIN reported_states"
@@ -326,6 +335,55 @@ def test_a_report_stored_long_before_it_committed_is_read_by_the_next_full_read(
     reads = [leader.step_reads(REREAD_MS // 3)[0] for _ in range(4)]
     assert 1 in reads  # then everything is read again, whatever the stamp says
     assert leader.as_read_in_full()
+
+
+#: How a read of a rollout's state text looks in SQL (a write sets it, never selects it).
+STATE_READ = "rollouts.state AS rollout_state"
+STATE_READ_AGAIN = "SELECT rollouts.deployment_id, rollouts.state"
+
+
+def _pass_reading_states(leader: Leader) -> int:
+    """Run a pass a second later; how many times it read a rollout's state text."""
+    leader.clock.now += 1000
+    leader.statements.seen.clear()
+    leader.loop.pass_once()
+    seen = leader.statements.seen
+    return sum(STATE_READ in s or STATE_READ_AGAIN in s for s in seen)
+
+
+def test_the_leader_reads_a_state_again_only_when_another_process_stored_over_it(
+    leader: Leader,
+) -> None:
+    canary = sorted(admitted_devices(leader.store, leader.dep_id))
+    revision, saved = leader.loop._held[leader.dep_id].revision, leader.passes.saved
+    for n, device in enumerate(canary[:3]):
+        report(leader.other, device, "2.0.0", "running", "2.0.0", leader.clock.now)
+        leader.step()
+        assert leader.passes.saved == saved + n + 1  # each report joined and stored
+        assert leader.loop._held[leader.dep_id].revision == revision + n + 1
+    assert _pass_reading_states(leader) == 0  # its own revision: the state is not read
+    # Another hub process's pass stores over it (a leader that lost its lease, say).
+    other = RolloutLoop(leader.other, clock=leader.clock)
+    report(leader.other, canary[3], "2.0.0", "running", "2.0.0", leader.clock.now)
+    assert other.pass_once() == 1
+    stored = leader.store.rollouts_of([leader.dep_id])[leader.dep_id]
+    assert stored.revision == revision + 4
+    report(leader.other, canary[4], "2.0.0", "running", "2.0.0", leader.clock.now)
+    assert _pass_reading_states(leader) == 1  # read again, once, and carried on from
+    now = leader.store.rollouts_of([leader.dep_id])[leader.dep_id]
+    assert now.revision == revision + 5
+    assert RolloutState.from_json(now.state).outcomes.keys() >= set(canary)
+    assert leader.loop._held[leader.dep_id].state == now.state
+
+
+def test_a_pass_over_a_revision_another_stored_first_stores_nothing(leader: Leader) -> None:
+    stale = leader.store.rollouts_of([leader.dep_id])[leader.dep_id]
+    report(leader.other, admitted_devices(leader.store, leader.dep_id).popitem()[0], "2.0.0",
+           "running", "2.0.0", leader.clock.now)  # fmt: skip
+    assert RolloutLoop(leader.other, clock=leader.clock).pass_once() == 1
+    change = RolloutUpdate(stale.deployment.id, stale.revision, stale.state, stale.phase, {})
+    assert not leader.store.save_rollout(change, now_ms=leader.clock.now)
+    assert leader.store.rollouts_of([leader.dep_id])[leader.dep_id].revision == stale.revision + 1
 
 
 # -- which presence news only refreshes (no database) --------------------------------

@@ -298,7 +298,7 @@ def test_a_stale_pass_is_refused_and_changes_nothing(store: Store) -> None:
     RolloutLoop(store, clock=clock).pass_once()  # another leader got there first
     moved = RolloutState(version="2.0.0").to_json()
     change = RolloutUpdate(
-        new.id, stale.state, moved, "wave", dict.fromkeys(DEVICES, "2.0.0"), frozenset(DEVICES)
+        new.id, stale.revision, moved, "wave", dict.fromkeys(DEVICES, "2.0.0"), frozenset(DEVICES)
     )
     assert not store.save_rollout(change, now_ms=clock.now)
     assert len(admitted_devices(store, new.id)) == 5

@@ -1,10 +1,12 @@
-"""Reports stored lately are found without reading every target: a stamp counter and a time.
+"""A rollout pass that reads and stores what moved: a report stamp and time, a rollout revision.
 
 The leader's rollout pass reads the fleet stamp first; when only reports moved
 it since its last read (``fleet_stamp.reports``), it reads the reports stored
 since then (``reported_states.stored_ms``, by its index) instead of every
 target's row (:mod:`cloud.store.fleet_stamp`). Reports stored before this have
-no time and are found by the full reads.
+no time and are found by the full reads. ``rollouts.revision`` moves with each
+pass stored: a pass stores over the revision it read, and the leader reads a
+rollout's state again only when another process moved it.
 
 Revision ID: 0011
 Revises: 0010
@@ -23,7 +25,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Add ``fleet_stamp.reports`` (0) and ``reported_states.stored_ms`` (NULL) with its index."""
+    """Add ``fleet_stamp.reports`` (0), ``reported_states.stored_ms`` (NULL) with its index
+    and ``rollouts.revision`` (0)."""
+    with op.batch_alter_table("rollouts") as batch:
+        batch.add_column(sa.Column("revision", sa.BigInteger(), nullable=False, server_default="0"))
     with op.batch_alter_table("fleet_stamp") as batch:
         batch.add_column(sa.Column("reports", sa.BigInteger(), nullable=False, server_default="0"))
     with op.batch_alter_table("reported_states") as batch:
@@ -38,3 +43,5 @@ def downgrade() -> None:
         batch.drop_column("stored_ms")
     with op.batch_alter_table("fleet_stamp") as batch:
         batch.drop_column("reports")
+    with op.batch_alter_table("rollouts") as batch:
+        batch.drop_column("revision")
