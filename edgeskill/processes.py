@@ -95,7 +95,26 @@ class Usage:
 
 
 def usage(pid: int) -> Usage | None:
-    """The CPU and peak memory of a running process (Linux ``/proc``); None once it is gone."""
+    """The CPU and peak memory of a running process and its children (Linux ``/proc``); None
+    once it is gone.
+
+    A process's work done in its children counts as its own (a hub's rollout passes
+    run in one): the CPU of the children it has waited for, and of those running
+    now, with their peak memory added to its own.
+    """
+    own = _stat(pid)
+    if own is None:
+        return None
+    cpu_s, peak_mb = own[1] + own[2], own[3]
+    for child in _children(pid):
+        found = _stat(child)
+        if found is not None and found[0] == pid:
+            cpu_s, peak_mb = cpu_s + found[1] + found[2], peak_mb + found[3]
+    return Usage(cpu_s, peak_mb)
+
+
+def _stat(pid: int) -> tuple[int, float, float, float] | None:
+    """``(parent, own CPU s, waited-for children's CPU s, peak MiB)`` of a process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         status = Path(f"/proc/{pid}/status").read_text()
@@ -105,7 +124,22 @@ def usage(pid: int) -> Usage | None:
     peak_kb = next(
         (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0
     )
-    return Usage((int(stat[11]) + int(stat[12])) / ticks, peak_kb / 1024)
+    own_s = (int(stat[11]) + int(stat[12])) / ticks
+    return int(stat[1]), own_s, (int(stat[13]) + int(stat[14])) / ticks, peak_kb / 1024
+
+
+def _children(pid: int) -> list[int]:
+    """The ids of the processes running now whose parent is ``pid`` (one level)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                continue
+            if int(parent) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def find_program(name: str) -> str | None:

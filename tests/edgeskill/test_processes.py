@@ -1,7 +1,9 @@
-"""Waiting for a child's port: a child that dies is said at once, not after the timeout."""
+"""Waiting for a child's port (a child that dies is said at once), and what a process used."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import time
 
 import pytest
 
-from edgeskill.processes import free_port, wait_for_port
+from edgeskill.processes import free_port, usage, wait_for_port
 
 
 def test_a_child_that_exits_before_listening_is_said_at_once() -> None:
@@ -27,3 +29,30 @@ def test_a_listening_port_returns_and_a_silent_one_times_out() -> None:
         wait_for_port(listener.getsockname()[1], 5)
     with pytest.raises(TimeoutError, match="nothing listens"):
         wait_for_port(free_port(), 0.3)
+
+
+#: A parent that waits while a child it started spins for half a CPU second, then says
+#: its pid and sleeps.
+_SPINNING_CHILD = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c",
+    "import os, time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.5: pass\\n"
+    "print(os.getpid(), flush=True)\\ntime.sleep(60)"], stdout=sys.stdout)
+child.wait()
+"""
+
+
+def test_a_process_s_usage_counts_the_children_it_runs() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _SPINNING_CHILD], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    with proc.stdout:
+        child = int(proc.stdout.readline())
+        try:
+            used = usage(proc.pid)
+            assert used is not None
+            assert used.cpu_s >= 0.5  # the child's spin: the parent alone only started it
+            assert used.peak_rss_mb > 0
+        finally:
+            os.kill(child, signal.SIGKILL)
+            proc.wait(10)
+    assert usage(proc.pid) is None  # gone and waited for
