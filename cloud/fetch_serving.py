@@ -40,10 +40,6 @@ def open_repository_file(
 ) -> tuple[int, Generator[bytes, None, None]]:
     """Open a repository file for a chunked fetch from ``offset``.
 
-    The first chunk is read here, so the iterator's first ``next`` does no I/O: the
-    hub opens files off the event loop, and a file of one chunk (most of what
-    devices fetch) then needs no second trip to a thread to be served.
-
     Args:
         trust: The TUF repository the file is served from.
         path: Its path under the repository (``metadata/...`` or ``targets/...``).
@@ -58,7 +54,6 @@ def open_repository_file(
         FileNotFoundError: no such file.
         FetchTooLargeError: the file is over ``cap``.
         FetchRefusedError: a bad path or an offset outside the file.
-        OSError: the file could not be read.
     """
     if not _under_served_folder(path):
         raise FetchRefusedError(f"bad fetch path {path!r}")
@@ -72,13 +67,8 @@ def open_repository_file(
     if offset < 0 or offset > size:
         fh.close()
         raise FetchRefusedError(f"offset {offset} outside {path}")
-    try:
-        fh.seek(offset)
-        first = fh.read(chunk_bytes)
-    except OSError:
-        fh.close()
-        raise
-    return size, _chunks(fh, first, chunk_bytes)
+    fh.seek(offset)
+    return size, _chunks(fh, chunk_bytes)
 
 
 def _under_served_folder(path: str) -> bool:
@@ -96,9 +86,7 @@ def _under_served_folder(path: str) -> bool:
     )
 
 
-def _chunks(fh: BinaryIO, first: bytes, size: int) -> Generator[bytes, None, None]:
+def _chunks(fh: BinaryIO, size: int) -> Generator[bytes, None, None]:
     with fh:
-        chunk = first
-        while chunk:
+        while chunk := fh.read(size):
             yield chunk
-            chunk = fh.read(size)

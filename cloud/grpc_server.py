@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import grpc
@@ -193,48 +193,25 @@ class HubServicer:
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.FetchChunk]:
         """Stream one repository file in chunks."""
-        req, size, chunks = await self._open_fetch(request, context)
-        offset = req.offset
-        with contextlib.closing(chunks):
-            # The first chunk was read when the file was opened (off the loop); after the
-            # last one nothing is read: a file of one chunk costs no trip to a thread.
-            data = next(chunks, b"")
-            while data:
-                yield _chunk(offset, data, size)
-                offset += len(data)
-                if offset >= size:
-                    break
-                data = await asyncio.to_thread(next, chunks, b"")
-
-    async def FetchFirst(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.FetchChunk:
-        """The first chunk of a repository file from the request's offset, in one answer.
-
-        A file of one chunk (most of what devices fetch) then costs one gRPC
-        operation a side instead of a stream's several; the device asks ``Fetch``
-        for the rest of a larger one.
-        """
-        req, size, chunks = await self._open_fetch(request, context)
-        with contextlib.closing(chunks):
-            return _chunk(req.offset, next(chunks, b""), size)  # read when it was opened
-
-    async def _open_fetch(
-        self, request: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[pb.FetchRequest, int, Generator[bytes, None, None]]:
-        """The request, the file's size and its chunks; a refusal aborts the call.
-
-        Raises:
-            grpc.aio.AbortError: the fetch was refused, with the refusal's status.
-        """
         try:
-            return await (await self._session(context)).fetch(request)
+            req, size, chunks = await (await self._session(context)).fetch(request)
         except IdentityMismatchError as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            return
         except (FileNotFoundError, FetchRefusedError) as exc:
             status = getattr(grpc.StatusCode, GRPC_STATUS_NAMES[fetch_error_code(exc)])
             await context.abort(status, str(exc))
+            return
         except StoreError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the hub cannot serve you now")
-        raise AssertionError("unreachable")  # abort raises
+            return
+        offset = req.offset
+        with contextlib.closing(chunks):
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                offset += len(data)
+                yield pb.FetchChunk(
+                    offset=offset - len(data), data=data, total_size=size, last=offset >= size
+                )
 
     async def InferTail(
         self, request: pb.InferRequest, context: grpc.aio.ServicerContext
@@ -321,17 +298,13 @@ def _own_telemetry(session: DeviceSession, payload: bytes) -> pb.Envelope | None
     return env
 
 
-def _chunk(offset: int, data: bytes, size: int) -> pb.FetchChunk:
-    return pb.FetchChunk(offset=offset, data=data, total_size=size, last=offset + len(data) >= size)
-
-
 def _queue_acks(outbox: asyncio.Queue[object], device: str, ids: list[str]) -> None:
     for env in ack_envelopes(device, ids):
         outbox.put_nowait(env)
 
 
 def hub_handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
-    """The ``Hub`` service with undecoded requests for ``Connect`` and the fetches."""
+    """The ``Hub`` service with undecoded requests for ``Connect`` and ``Fetch``."""
     return grpc.method_handlers_generic_handler(
         _SERVICE,
         {
@@ -340,9 +313,6 @@ def hub_handler(servicer: HubServicer) -> grpc.GenericRpcHandler:
             ),
             "Fetch": grpc.unary_stream_rpc_method_handler(
                 servicer.Fetch, response_serializer=pb.FetchChunk.SerializeToString
-            ),
-            "FetchFirst": grpc.unary_unary_rpc_method_handler(
-                servicer.FetchFirst, response_serializer=pb.FetchChunk.SerializeToString
             ),
             "InferTail": grpc.unary_unary_rpc_method_handler(
                 servicer.InferTail,

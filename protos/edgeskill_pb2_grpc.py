@@ -44,11 +44,6 @@ class HubStub:
                 request_serializer=edgeskill__pb2.FetchRequest.SerializeToString,
                 response_deserializer=edgeskill__pb2.FetchChunk.FromString,
                 _registered_method=True)
-        self.FetchFirst = channel.unary_unary(
-                '/edgeskill.v1.Hub/FetchFirst',
-                request_serializer=edgeskill__pb2.FetchRequest.SerializeToString,
-                response_deserializer=edgeskill__pb2.FetchChunk.FromString,
-                _registered_method=True)
         self.InferTail = channel.unary_unary(
                 '/edgeskill.v1.Hub/InferTail',
                 request_serializer=edgeskill__pb2.InferRequest.SerializeToString,
@@ -78,15 +73,6 @@ class HubServicer:
 
     def Fetch(self, request, context):
         """A TUF metadata file or a bundle, in chunks.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def FetchFirst(self, request, context):
-        """The first chunk of a file from the offset, in one answer (`last` when nothing is
-        left): one gRPC operation a side, where a stream takes several. Added later: a
-        hub without it answers UNIMPLEMENTED, and the device uses Fetch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,11 +109,6 @@ def add_HubServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_stream_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=edgeskill__pb2.FetchRequest.FromString,
-                    response_serializer=edgeskill__pb2.FetchChunk.SerializeToString,
-            ),
-            'FetchFirst': grpc.unary_unary_rpc_method_handler(
-                    servicer.FetchFirst,
                     request_deserializer=edgeskill__pb2.FetchRequest.FromString,
                     response_serializer=edgeskill__pb2.FetchChunk.SerializeToString,
             ),
@@ -199,33 +180,6 @@ class Hub:
             request,
             target,
             '/edgeskill.v1.Hub/Fetch',
-            edgeskill__pb2.FetchRequest.SerializeToString,
-            edgeskill__pb2.FetchChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchFirst(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/edgeskill.v1.Hub/FetchFirst',
             edgeskill__pb2.FetchRequest.SerializeToString,
             edgeskill__pb2.FetchChunk.FromString,
             options,

@@ -70,16 +70,6 @@ def channel_options() -> list[tuple[str, int]]:
     ]
 
 
-def _fetch_error(path: str, exc: grpc.aio.AioRpcError) -> Exception:
-    """What a failed fetch call raises: not found, refused for good, or a transport error."""
-    if exc.code() == grpc.StatusCode.NOT_FOUND:
-        return FileNotFoundError(path)
-    detail = f"{exc.code().name} {exc.details()}"
-    if exc.code() in _REFUSALS:  # asking again would only be refused again
-        return FetchAborted(f"fetch of {path} refused: {detail}")
-    return TransportError(f"fetch of {path} failed: {detail}")
-
-
 class GrpcAgentTransport(AgentTransport):
     """Talks to ``grpc://host:port``; TLS (``grpcs://``) when credentials are given."""
 
@@ -100,9 +90,6 @@ class GrpcAgentTransport(AgentTransport):
         self.fetch_limits = fetch_limits
         self._channel: grpc.aio.Channel | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
-        self._stub: pb_grpc.HubStub | None = None
-        #: Whether to ask ``FetchFirst`` before streaming; off once the hub lacks it.
-        self._fetch_first = True
         self._outgoing: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)
 
     async def connect(self, register: pb.Envelope) -> None:
@@ -116,7 +103,6 @@ class GrpcAgentTransport(AgentTransport):
             self._channel = grpc.aio.insecure_channel(self._target, options=opts)
         else:
             self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=opts)
-        self._stub = pb_grpc.HubStub(self._channel)
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 await self._channel.channel_ready()
@@ -125,8 +111,9 @@ class GrpcAgentTransport(AgentTransport):
             raise TransportError(
                 f"hub at {self.url} did not answer in {self._connect_timeout_s} s"
             ) from exc
+        stub = pb_grpc.HubStub(self._channel)
         self._outgoing.put_nowait(register)
-        self._call = self._hub().Connect(self._requests())
+        self._call = stub.Connect(self._requests())
 
     async def _requests(self) -> AsyncIterator[pb.Envelope]:
         while True:
@@ -169,28 +156,27 @@ class GrpcAgentTransport(AgentTransport):
         return env
 
     async def _fetch(self, path: str, offset: int, max_bytes: int) -> AsyncIterator[bytes]:
-        stub = self._hub()
+        if self._channel is None:
+            raise TransportError("not connected to the hub")
+        stub = pb_grpc.HubStub(self._channel)
         req = pb.FetchRequest(
             device_id=self._device_id, path=path, offset=offset, max_bytes=max_bytes
         )
-        if self._fetch_first:  # one call a side; a file of one chunk needs no stream
-            try:
-                first: pb.FetchChunk = await stub.FetchFirst(req)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise _fetch_error(path, exc) from exc
-                self._fetch_first = False  # a hub from before FetchFirst: streams only
-            else:
-                yield first.data
-                if first.last:
-                    return
-                req.offset = offset + len(first.data)
         call = stub.Fetch(req)
         try:
             async for chunk in call:
                 yield chunk.data
         except grpc.aio.AioRpcError as exc:
-            raise _fetch_error(path, exc) from exc
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise FileNotFoundError(path) from exc
+            if exc.code() in _REFUSALS:
+                # Asking again would only be refused again.
+                raise FetchAborted(
+                    f"fetch of {path} refused: {exc.code().name} {exc.details()}"
+                ) from exc
+            raise TransportError(
+                f"fetch of {path} failed: {exc.code().name} {exc.details()}"
+            ) from exc
         finally:
             call.cancel()
 
@@ -207,7 +193,8 @@ class GrpcAgentTransport(AgentTransport):
             TransportError: Not connected, the call failed or passed its deadline, or
                 the answer is over the cap.
         """
-        stub = self._hub()
+        if self._channel is None:
+            raise TransportError("not connected to the hub")
         sent = pb.InferRequest()
         sent.CopyFrom(request)
         sent.device_id = self._device_id
@@ -217,6 +204,7 @@ class GrpcAgentTransport(AgentTransport):
                 f"{MAX_INFER_BYTES} byte cap",
                 "invalid-argument",
             )
+        stub = pb_grpc.HubStub(self._channel)
         try:
             async with asyncio.timeout(timeout_s + 1.0):  # gRPC's own deadline comes first
                 response: pb.InferResponse = await stub.InferTail(sent, timeout=timeout_s)
@@ -237,17 +225,7 @@ class GrpcAgentTransport(AgentTransport):
         if self._call is not None and not self._call.done():
             self._outgoing.put_nowait(_CLOSE)
             self._call.cancel()
-        self._call = self._stub = None
+        self._call = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    def _hub(self) -> pb_grpc.HubStub:
-        """The open channel's stub, made once: a stub makes a callable for every method.
-
-        Raises:
-            TransportError: not connected.
-        """
-        if self._stub is None:
-            raise TransportError("not connected to the hub")
-        return self._stub

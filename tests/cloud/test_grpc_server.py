@@ -23,7 +23,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud.grpc_server import start_grpc_server
-from cloud.hubcore import HubCore, HubLimits, running
+from cloud.hubcore import HubCore, running
 from cloud.mqtt_client import clear_retained
 from cloud.mqtt_server import start_mqtt_server
 from cloud.store import open_store
@@ -302,17 +302,14 @@ def test_grpc_refuses_a_stream_that_does_not_register(core: HubCore) -> None:
     assert core.store.get_device("cam-1") is None
 
 
-@pytest.mark.parametrize("method", ["Fetch", "FetchFirst"])
-def test_grpc_fetch_refusals_are_typed_and_counted(core: HubCore, method: str) -> None:
-    fetch_call = f"/edgeskill.v1.Hub/{method}"
+def test_grpc_fetch_refusals_are_typed_and_counted(core: HubCore) -> None:
+    fetch_call = "/edgeskill.v1.Hub/Fetch"
 
     async def code_of(channel: grpc.aio.Channel, payload: bytes) -> grpc.StatusCode:
+        call = channel.unary_stream(fetch_call, response_deserializer=pb.FetchChunk.FromString)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            if method == "FetchFirst":
-                await channel.unary_unary(fetch_call)(payload)
-            else:
-                async for _ in channel.unary_stream(fetch_call)(payload):
-                    pass
+            async for _ in call(payload):
+                pass
         return info.value.code()
 
     def request(device_id: str, path: str, max_bytes: int = 1 << 20) -> bytes:
@@ -349,63 +346,6 @@ def test_grpc_fetch_refusals_are_typed_and_counted(core: HubCore, method: str) -
 
     asyncio.run(main())
     assert core.dropped == {"unknown-device": 1, "malformed": 1, "oversized": 1}
-
-
-@pytest.mark.parametrize(
-    ("chunk_bytes", "offset"), [(64 * 1024, 0), (100, 0), (100, 250), (100, -1)]
-)
-def test_grpc_fetch_streams_chunks_and_reads_only_past_the_first_off_the_loop(
-    tmp_path: Path,
-    store: FailingStore,
-    monkeypatch: pytest.MonkeyPatch,
-    chunk_bytes: int,
-    offset: int,
-) -> None:
-    core = HubCore(
-        cast(Any, store),
-        TrustRepository.init(tmp_path / "trust"),
-        HubLimits(chunk_bytes=chunk_bytes),
-    )
-    path = "metadata/1.root.json"
-    whole = (tmp_path / "trust" / path).read_bytes()
-    offset = len(whole) if offset < 0 else offset  # -1: from the end, nothing left to send
-    reads: list[object] = []
-    real_to_thread = asyncio.to_thread
-
-    async def counting_to_thread(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        reads.append(fn)
-        return await real_to_thread(fn, *args, **kwargs)
-
-    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
-
-    async def main() -> tuple[list[pb.FetchChunk], pb.FetchChunk]:
-        server, port = await start_grpc_server(core, "127.0.0.1:0")
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        try:
-            await core.register(make_envelope("cam-1", register=pb.Register()))
-            fetch = channel.unary_stream(
-                "/edgeskill.v1.Hub/Fetch", response_deserializer=pb.FetchChunk.FromString
-            )
-            fetch_first = channel.unary_unary(
-                "/edgeskill.v1.Hub/FetchFirst", response_deserializer=pb.FetchChunk.FromString
-            )
-            req = pb.FetchRequest(device_id="cam-1", path=path, offset=offset, max_bytes=1 << 20)
-            first = await fetch_first(req.SerializeToString())
-            return [chunk async for chunk in fetch(req.SerializeToString())], first
-        finally:
-            await channel.close()
-            await server.stop(None)
-
-    chunks, first = asyncio.run(main())
-    # FetchFirst answers what the stream begins with (nothing left: an empty last chunk).
-    empty = pb.FetchChunk(offset=offset, total_size=len(whole), last=True)
-    assert first == (chunks[0] if chunks else empty)
-    assert b"".join(c.data for c in chunks) == whole[offset:]
-    assert [c.offset for c in chunks] == list(range(offset, len(whole), chunk_bytes))
-    assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True] * bool(chunks)
-    assert all(c.total_size == len(whole) for c in chunks)
-    # The first chunk comes with the opening; none is asked for after the last.
-    assert reads.count(next) == max(0, len(chunks) - 1)
 
 
 @pytest.mark.mqtt

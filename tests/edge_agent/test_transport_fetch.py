@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import grpc
-import grpc.aio
 import pytest
 
-from cloud.grpc_server import HubServicer, hub_handler, start_grpc_server
+from cloud.grpc_server import start_grpc_server
 from cloud.hubcore import HubCore, running
 from cloud.store import open_store
 from edge_agent.errors import TransportError
@@ -95,68 +91,6 @@ def test_grpc_transport_registers_and_fetches_over_loopback(tmp_path: Path) -> N
     asyncio.run(scenario())
     device = store.get_device("cam-1")
     assert device is not None and device.labels == {"kind": "camera"}
-
-
-@pytest.mark.parametrize("hub_has_fetch_first", [True, False])
-def test_grpc_fetches_the_first_chunk_in_one_call_and_streams_the_rest(
-    tmp_path: Path, hub_has_fetch_first: bool
-) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'hub.db'}")
-    trust = TrustRepository.init(tmp_path / "trust")
-    blob = tmp_path / "mid.skill"
-    blob.write_bytes(DATA)  # 200,000 bytes: four chunks of 64 KiB
-    ref = trust.add_target("demo/mid.skill", blob)
-    root = (tmp_path / "trust" / "metadata" / "1.root.json").read_bytes()
-    streamed: list[int] = []
-
-    class Servicer(HubServicer):  # counts the streams; an old hub has no FetchFirst
-        async def Fetch(self, request: bytes, context: Any) -> AsyncIterator[pb.FetchChunk]:
-            streamed.append(pb.FetchRequest.FromString(request).offset)
-            async for chunk in super().Fetch(request, context):
-                yield chunk
-
-    async def scenario() -> None:
-        async with running(HubCore(store, trust)) as core:
-            handler = hub_handler(Servicer(core))
-            if not hub_has_fetch_first:
-                handler = _without(handler, "FetchFirst")
-            server = grpc.aio.server()
-            server.add_generic_rpc_handlers((handler,))
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            try:
-                await fetch_all(port)
-            finally:
-                await server.stop(None)
-
-    async def fetch_all(port: int) -> None:
-        async with open_transport(f"grpc://127.0.0.1:{port}", "cam-1") as transport:
-            await transport.connect(make_envelope("cam-1", register=pb.Register()))
-            await asyncio.wait_for(transport.receive(), 5)  # registered
-            assert await transport.fetch("metadata/1.root.json", 10**6) == root
-            assert await transport.fetch(ref.path, 10**6) == DATA
-            with pytest.raises(FileNotFoundError):
-                await transport.fetch("metadata/2.root.json", 10**6)
-            with pytest.raises(FetchAborted, match="RESOURCE_EXHAUSTED"):
-                await transport.fetch(ref.path, 1000)
-
-    asyncio.run(scenario())
-    if hub_has_fetch_first:  # a small file in one call; a larger one streams past its first
-        assert streamed == [64 * 1024]
-    else:  # asked once, then every fetch streams
-        assert streamed == [0, 0, 0, 0]
-
-
-def _without(handler: grpc.GenericRpcHandler, method: str) -> grpc.GenericRpcHandler:
-    """``handler`` as a hub from before ``method`` serves it: UNIMPLEMENTED."""
-
-    class Older(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-            if details.method.endswith("/" + method):  # type: ignore[attr-defined]
-                return None
-            return handler.service(details)
-
-    return Older()
 
 
 def test_unreachable_hub_is_a_transport_error() -> None:
