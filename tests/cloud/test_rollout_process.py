@@ -51,14 +51,6 @@ def passes(store: Store, store_url: str) -> Iterator[tuple[RolloutProcessLoop, l
         loop.close()
 
 
-def _canary_of_5(store: Store) -> tuple[Clock, int]:
-    """The fleet on 1.0.0 and a staged deployment of 2.0.0 to it, a canary of 5 first."""
-    clock = Clock()
-    fleet_on_v1(store, clock)
-    plan = plan_from_dict(CANARY)
-    return clock, store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now).id
-
-
 def test_no_process_runs_until_there_is_a_rollout_to_drive(
     store: Store, passes: tuple[RolloutProcessLoop, list[int]]
 ) -> None:
@@ -75,11 +67,15 @@ def test_a_canary_is_opened_and_completed_by_the_child(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop, nudges = passes
-    clock, dep_id = _canary_of_5(store)
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    dep = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
     caplog.set_level(logging.INFO)
     assert loop.pass_once() == 1
     assert loop.pid is not None and loop.pid != os.getpid()
-    canary = admitted_devices(store, dep_id)
+    canary = admitted_devices(store, dep.id)
     assert len(canary) == 5
     assert {d for d in DEVICES if desired(store, d) == "2.0.0"} == set(canary)
     assert nudges == [1]
@@ -96,7 +92,7 @@ def test_a_canary_is_opened_and_completed_by_the_child(
         report(store, device, "2.0.0", "running", "2.0.0", clock.now)
     for _ in range(3):
         loop.pass_once()
-    assert phase(store, dep_id) == "completed"
+    assert phase(store, dep.id) == "completed"
     assert {desired(store, d) for d in DEVICES} == {"2.0.0"}
     assert loop.pid == child  # one child for every pass
     assert loop.rolling is False
@@ -106,9 +102,13 @@ def test_a_child_killed_fails_one_pass_and_a_new_one_carries_on(
     store: Store, passes: tuple[RolloutProcessLoop, list[int]]
 ) -> None:
     loop, _ = passes
-    clock, dep_id = _canary_of_5(store)
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    dep = store.create_deployment(
+        "face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now
+    )
     loop.pass_once()
-    canary = admitted_devices(store, dep_id)
+    canary = admitted_devices(store, dep.id)
     killed = loop.pid
     assert killed is not None
     os.kill(killed, signal.SIGKILL)
@@ -120,14 +120,17 @@ def test_a_child_killed_fails_one_pass_and_a_new_one_carries_on(
     for _ in range(3):
         loop.pass_once()
     assert loop.pid not in (None, killed)
-    assert admitted_devices(store, dep_id).keys() == set(DEVICES)  # the canary passed
+    assert admitted_devices(store, dep.id).keys() == set(DEVICES)  # the canary passed
+    assert admitted_devices(store, dep.id).keys() >= canary.keys()
 
 
 def test_closing_stops_the_child(
     store: Store, passes: tuple[RolloutProcessLoop, list[int]]
 ) -> None:
     loop, _ = passes
-    _canary_of_5(store)
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    store.create_deployment("face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now)
     loop.pass_once()
     child = loop.pid
     assert child is not None
