@@ -39,7 +39,6 @@ from cloud.metrics import start_hub_metrics
 from cloud.pki import init_hub_pki
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.rollout_loop import RolloutLoop
-from cloud.rollout_process import RolloutProcessLoop, shareable
 from cloud.store import Store, open_store
 from skills.errors import SkillError
 from skills.trust import TrustRepository
@@ -275,7 +274,8 @@ class Hub:
             periodic(self._refresh_timestamp, TIMESTAMP_REFRESH_S),
             leader_only=True,
         )
-        host.add("rollouts", self._rollout_loop(core).factory(), leader_only=True)
+        rollouts = RolloutLoop(self.store, on_write=core.notifier.nudge)
+        host.add("rollouts", rollouts.factory(), leader_only=True)
         host.add("drift", self._drift_loop(drift_tick_s), leader_only=True)
         host.add("metering", MeteringLoop(self.store).factory(), leader_only=True)
         if not self.config.insecure:
@@ -285,14 +285,6 @@ class Hub:
                 leader_only=True,
             )
         return host
-
-    def _rollout_loop(self, core: HubCore) -> RolloutLoop | RolloutProcessLoop:
-        """The leader's rollout passes: in a process of their own when the database can be
-        opened twice (see :mod:`cloud.rollout_process`), in a thread otherwise."""
-        url = self.config.store_url
-        if shareable(url):
-            return RolloutProcessLoop(self.store, url, on_write=core.notifier.nudge)
-        return RolloutLoop(self.store, on_write=core.notifier.nudge)
 
     async def _start_console(self, bind: str) -> ConsoleServer:
         # FastAPI only when the console is asked for; the service imports cloud.hub.

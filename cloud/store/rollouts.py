@@ -197,15 +197,6 @@ def _record(
     )  # fmt: skip
 
 
-def _driven() -> tuple[Any, ...]:
-    """The rollouts the engine still moves: active, not ended, and not reaching everyone."""
-    return (
-        deployments.c.state == DEPLOYMENT_ACTIVE,
-        rollouts.c.admitted.is_not(None),
-        rollouts.c.phase.not_in(_ENDED),
-    )
-
-
 def _admitted(deployment_id: int, text: str | None) -> dict[str, str] | None:
     try:
         return None if text is None else dict(json.loads(text))
@@ -257,21 +248,6 @@ class RolloutTables(StoreBase):
             query = select(deployments.c.id, deployments.c.priority)
             return {int(r.id): int(r.priority) for r in conn.execute(query)}
 
-    def driven_ids(self) -> list[int]:
-        """The deployment ids of the rollouts :meth:`driven_rollouts` returns, in order.
-
-        Raises:
-            StoreError: The database failed.
-        """
-        query = select(deployments.c.id).join(
-            rollouts, rollouts.c.deployment_id == deployments.c.id
-        )
-        with self._tx() as conn:
-            return [
-                int(i)
-                for i in conn.execute(query.where(*_driven()).order_by(deployments.c.id)).scalars()
-            ]
-
     def driven_rollouts(
         self, held: Mapping[int, RolloutRecord] | None = None
     ) -> list[RolloutRecord]:
@@ -284,9 +260,14 @@ class RolloutTables(StoreBase):
             StoreError: The database failed or holds corrupt data.
         """
         r = rollouts.c
+        driven = (
+            deployments.c.state == DEPLOYMENT_ACTIVE,
+            r.admitted.is_not(None),
+            r.phase.not_in(_ENDED),
+        )
         held = held or {}
         with self._tx() as conn:
-            rows = list(conn.execute(_joined(texts=False).where(*_driven())))
+            rows = list(conn.execute(_joined(texts=False).where(*driven)))
             kept = {
                 int(row.id): (h.state, h.admitted)
                 for row in rows
