@@ -13,11 +13,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from cloud.errors import StoreError
 from cloud.store.engine import IMMEDIATE
 
-__all__ = ["DESIRED_LOCK_KEY", "StoreBase", "values_clause"]
+__all__ = ["DESIRED_LOCK_KEY", "IDS_PER_QUERY", "StoreBase", "values_clause"]
 
 # PostgreSQL advisory lock ordering desired-state writers. Registrations share
 # it (they touch one device each); deployment changes take it exclusively.
 DESIRED_LOCK_KEY = 0x4553444553  # "ESDES"
+#: Most ids in one query's IN list.
+IDS_PER_QUERY = 500
 
 
 def values_clause(conn: Connection, columns: int, rows: int) -> str:

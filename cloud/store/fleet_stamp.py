@@ -4,7 +4,7 @@ A rollout pass reads each target's presence and report in one join, a tenth of
 a second at 10,000 devices, every second. The writers of those rows (devices,
 their labels, groups, reports) bump a counter in the same transaction, as its
 last statement, and a pass reads the counters first: while they stand still it
-reuses its last read (:func:`reusable`).
+reuses its last read (:func:`moved`).
 
 There are three counters. ``changes`` moves with every such write but two
 kinds. ``refreshes`` moves with heartbeats that only move on the last-seen
@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from sqlalchemy import Connection, func, select, update
 
 from cloud.presence import presence
+from cloud.store.base import IDS_PER_QUERY
 from cloud.store.schema import devices, fleet_stamp
 
 __all__ = [
@@ -72,9 +73,6 @@ class Moved(enum.Enum):
     NOTHING = "nothing"
     REPORTS = "reports"  #: only reports: those stored lately are read
     ROWS = "rows"  #: anything: every row is read
-
-
-_IDS_PER_QUERY = 500
 
 
 def bump(conn: Connection, *, refresh: bool = False, report: bool = False) -> None:
@@ -125,10 +123,10 @@ def lock_presence(conn: Connection, device_ids: Iterable[str]) -> dict[str, tupl
     d = devices.c
     ids = sorted(device_ids)
     rows: dict[str, tuple[int, int, bool]] = {}
-    for start in range(0, len(ids), _IDS_PER_QUERY):
+    for start in range(0, len(ids), IDS_PER_QUERY):
         query = (
             select(d.device_id, d.last_seen_ms, d.heartbeat_ms, d.online)
-            .where(d.device_id.in_(ids[start : start + _IDS_PER_QUERY]))
+            .where(d.device_id.in_(ids[start : start + IDS_PER_QUERY]))
             .order_by(d.device_id)
             .with_for_update()
         )

@@ -28,9 +28,11 @@ from sqlalchemy import Connection, and_, case, func, or_, select
 
 from cloud.errors import StoreError, ValidationError
 from cloud.rollout.plan import plan_from_dict
+from cloud.store.base import IDS_PER_QUERY
 from cloud.store.fleet_stamp import REPORT_MARGIN_MS, Moved, Stamp, moved
 from cloud.store.records import DeploymentRecord, SkillStatusRecord
 from cloud.store.schema import devices, fleet_controls, reported_states, rollouts, telemetry
+from protos.envelope import now_ms
 
 __all__ = [
     "FLEET_ROW",
@@ -42,8 +44,6 @@ __all__ = [
     "read_facts",
 ]
 
-#: Most ids in one query's IN list.
-_IDS_PER_QUERY = 500
 #: Telemetry older than this before a deployment was made is no baseline for it.
 KPI_LOOKBACK_MS = 3600 * 1000
 #: The id of the one ``fleet_controls`` row.
@@ -110,7 +110,7 @@ def read_facts(
         StoreError: Stored data is corrupt.
     """
     changed: frozenset[str] | None
-    read_ms = time.time_ns() // 1_000_000
+    read_ms = now_ms()
     news = Moved.ROWS
     if not reread and last is not None:
         news = moved(last.stamp, stamp, refreshes_moot=refreshes_moot)
@@ -182,8 +182,8 @@ def _read_reports(
     r = reported_states.c
     ids = sorted(conn.execute(select(r.device_id).where(r.stored_ms >= since_ms)).scalars())
     fresh = []
-    for start in range(0, len(ids), _IDS_PER_QUERY):
-        chosen = and_(devices.c.device_id.in_(ids[start : start + _IDS_PER_QUERY]), where)
+    for start in range(0, len(ids), IDS_PER_QUERY):
+        chosen = and_(devices.c.device_id.in_(ids[start : start + IDS_PER_QUERY]), where)
         with conn.execute(_device_rows(chosen)) as result:
             fresh += [r for r in result.cursor.fetchall() if last.rows.get(r[0]) != r]
     rows = dict(last.rows)

@@ -260,33 +260,27 @@ class RolloutTables(StoreBase):
             StoreError: The database failed or holds corrupt data.
         """
         r = rollouts.c
-        driven = (
+        query = _joined(texts=False).where(
             deployments.c.state == DEPLOYMENT_ACTIVE,
             r.admitted.is_not(None),
             r.phase.not_in(_ENDED),
         )
         held = held or {}
         with self._tx() as conn:
-            rows = list(conn.execute(_joined(texts=False).where(*driven)))
-            kept = {
-                int(row.id): (h.state, h.admitted)
-                for row in rows
-                if (h := held.get(int(row.id))) is not None and h.revision == row.revision
+            rows = {int(row.id): row for row in conn.execute(query.order_by(deployments.c.id))}
+            texts = {
+                dep_id: (h.state, h.admitted)
+                for dep_id, row in rows.items()
+                if (h := held.get(dep_id)) is not None and h.revision == row.revision
             }
-            texts = {}
-            if len(kept) < len(rows):
-                query = select(r.deployment_id, r.state, r.admitted, r.revision).where(
-                    r.deployment_id.in_([int(row.id) for row in rows if int(row.id) not in kept])
-                )
-                texts = {int(t.deployment_id): t for t in conn.execute(query)}
-        out = []
-        for row in sorted(rows, key=lambda row: int(row.id)):
-            text = texts.get(int(row.id))
-            if text is not None and text.revision == row.revision:
-                kept[int(row.id)] = (text.state, _admitted(int(row.id), text.admitted))
-            if int(row.id) in kept:  # else stored over between the two reads: next pass
-                out.append(_record(row, kept[int(row.id)]))
-        return out
+            unread = [dep_id for dep_id in rows if dep_id not in texts]
+            if unread:
+                read = select(r.deployment_id, r.state, r.admitted, r.revision)
+                for t in conn.execute(read.where(r.deployment_id.in_(unread))):
+                    dep_id = int(t.deployment_id)
+                    if t.revision == rows[dep_id].revision:  # else stored over since: next pass
+                        texts[dep_id] = (t.state, _admitted(dep_id, t.admitted))
+        return [_record(row, texts[dep_id]) for dep_id, row in rows.items() if dep_id in texts]
 
     def rollout_facts(
         self,

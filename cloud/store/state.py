@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -13,7 +12,7 @@ from sqlalchemy import Connection, Row, func, select
 from cloud.errors import NotFoundError, StoreError
 from cloud.selectors import check_labels
 from cloud.store import checks as check
-from cloud.store.base import StoreBase
+from cloud.store.base import IDS_PER_QUERY, StoreBase
 from cloud.store.desired import decode_skills, selector_clause
 from cloud.store.devices import device_record
 from cloud.store.events import NewEvent, insert_timed_events, skill_transitions
@@ -31,6 +30,7 @@ from cloud.store.schema import (
     director_instructions,
     reported_states,
 )
+from protos.envelope import now_ms
 
 __all__ = ["StateTables", "TargetRecord"]
 
@@ -298,7 +298,6 @@ def _report_record(row: Row[Any]) -> ReportedRecord:
 
 
 #: Device ids per query when reading many devices' reports.
-_IDS_PER_QUERY = 500
 
 #: A report as :meth:`StateTables.save_reports_many` takes it:
 #: ``(device_id, generation, skills, made_ms)``.
@@ -335,11 +334,11 @@ def _apply_reports(
     stored: dict[str, tuple[int, int, str] | None] = {}
     r = reported_states.c
     joined = devices.outerjoin(reported_states, r.device_id == devices.c.device_id)
-    for start in range(0, len(ids), _IDS_PER_QUERY):
+    for start in range(0, len(ids), IDS_PER_QUERY):
         query = (
             select(devices.c.device_id, r.generation, r.reported_ms, r.skills)
             .select_from(joined)
-            .where(devices.c.device_id.in_(ids[start : start + _IDS_PER_QUERY]))
+            .where(devices.c.device_id.in_(ids[start : start + IDS_PER_QUERY]))
             .order_by(devices.c.device_id)
             .with_for_update(of=devices)
         )
@@ -370,7 +369,7 @@ def _apply_reports(
     if latest:
         # Taken with the rows locked, shortly before the commit: a rollout pass that
         # finds only reports moved reads those stored since a little before its last read.
-        stored_ms = time.time_ns() // 1_000_000
+        stored_ms = now_ms()
         for value in latest.values():
             value["stored_ms"] = stored_ms
         upsert = dialect.insert(reported_states)
