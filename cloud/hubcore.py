@@ -69,8 +69,14 @@ Loop = tuple[str, Callable[[], Awaitable[None]]]
 _DESIRED_BATCH = 500
 #: Most (kind, reason) pairs of device security events counted apart; the rest are "other".
 _MAX_EVENT_SERIES = 256
-#: Seconds heartbeats and connection news gather before they are written together.
+#: Seconds heartbeats and connection news gather before they are written together, at
+#: most; never more than :data:`HEARD_LINGER_SHARE` of the heartbeat interval.
 HEARD_LINGER_S = 0.5
+#: The share of a heartbeat interval a heartbeat may wait for its batch. A device counts
+#: as online while its last stored beat is at most two intervals old, so the wait must
+#: leave it most of the second: at a one-second interval a half-second linger left half
+#: a second for the agent's send and the write, and a loaded machine went past it.
+HEARD_LINGER_SHARE = 0.1
 #: A device's presence waiting for its batch: when it was heard from (None: only news
 #: about its connection came), and whether it is connected.
 _Presence = tuple[int | None, bool]
@@ -138,6 +144,8 @@ class HubCore:
         tails: TailSettings | None = None,
     ) -> None:
         self.heartbeat_s = heartbeat_seconds(heartbeat_s)
+        #: Seconds a heartbeat waits for its batch (:meth:`presence`).
+        self.heard_linger_s = min(HEARD_LINGER_S, HEARD_LINGER_SHARE * self.heartbeat_s)
         self.store = store
         self.trust = trust
         self.limits = limits = limits or HubLimits()
@@ -443,7 +451,7 @@ class HubCore:
 
         Its last-seen time stays: a broker's status replayed late cannot make it look
         fresh. Heartbeats and such news are not acknowledged, so they are written in
-        batches: every device heard of within ``HEARD_LINGER_S`` goes into one
+        batches: every device heard of within ``heard_linger_s`` goes into one
         transaction (a write per heartbeat was the hub's largest cost with a thousand
         devices; a write per news took a tenth of its CPU when thousands of devices
         connected or went away at once). The last news of a device wins: a heartbeat
@@ -489,7 +497,7 @@ class HubCore:
             if not self._closing:
                 wake = self._presence_wake = asyncio.get_running_loop().create_future()
                 try:
-                    await asyncio.wait([wake], timeout=HEARD_LINGER_S)
+                    await asyncio.wait([wake], timeout=self.heard_linger_s)
                 finally:
                     self._presence_wake = None
             if not await self._write_presence() and self._closing:

@@ -28,6 +28,7 @@ __all__ = [
     "find_program",
     "free_port",
     "settle_collector",
+    "stop_strays",
     "usage",
     "wait_for_port",
     "wait_until",
@@ -140,6 +141,39 @@ def _children(pid: int) -> list[int]:
             if int(parent) == pid:
                 found.append(int(entry.name))
     return found
+
+
+def stop_strays(timeout_s: float = 10.0) -> list[int]:
+    """SIGTERM every child process of this one still running, SIGKILL after ``timeout_s``.
+
+    For the end of a run whose children were each stopped by name: a SIGTERM that
+    lands while ``subprocess.Popen`` waits for its new child to exec raises out of it
+    with the child running and recorded nowhere. Returns the pids it stopped.
+    """
+    strays = _children(os.getpid())
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for pid in strays:
+        while not _reaped(pid):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                break
+            time.sleep(0.05)
+    return strays
+
+
+def _reaped(pid: int) -> bool:
+    """Whether a child has ended (it is reaped here if it has)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not ours to wait for, or reaped already
+        return not Path(f"/proc/{pid}").exists()
+    return done == pid
 
 
 def find_program(name: str) -> str | None:

@@ -32,7 +32,7 @@ from cloud.rollout import parse_strategy
 from cloud.service import FleetService
 from cloud.service.deployments import DeploymentService
 from cloud.service.views import DeviceView
-from edgeskill.processes import Fleet, usage
+from edgeskill.processes import Fleet, stop_strays, usage
 from edgeskill.sim.hubside import (
     GROUP,
     LABELS,
@@ -273,6 +273,7 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
         used = [u for p in hubs.procs.values() if (u := usage(p.pid)) is not None]
         hubs.stop_all()
         broker.stop_all()
+        stop_strays()
     summary = _summary(settings, service, final, views, connect_s, deployed)
     summary.hub_cpu_s = sum(u.cpu_s for u in used) if used else None
     summary.hub_peak_rss_mb = max(u.peak_rss_mb for u in used) if used else None

@@ -92,6 +92,37 @@ def test_news_and_heartbeats_of_many_devices_are_written_in_one_transaction(
     assert len(writes) == 1
 
 
+@pytest.mark.parametrize(("heartbeat_s", "linger_s"), [(1, 0.1), (3, 0.3), (30, 0.5)])
+def test_a_heartbeat_waits_for_its_batch_a_tenth_of_its_interval_at_most(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heartbeat_s: int, linger_s: float
+) -> None:
+    """A device is online while its last stored beat is at most two intervals old: the
+    batch's wait must not eat that margin at short intervals (half a second of two)."""
+    _enroll(store, "cam-1")
+    core = HubCore(
+        cast(Any, store), TrustRepository.init(tmp_path / "trust"), heartbeat_s=heartbeat_s
+    )
+    waits: list[float | None] = []
+    wait = asyncio.wait
+
+    async def timed(fs: Any, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        waits.append(timeout)
+        return await wait(fs, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(hubcore.asyncio, "wait", timed)
+
+    async def run() -> None:
+        before = now_ms()
+        await core.heard("cam-1")
+        await async_wait_until(
+            lambda: _flag_and_seen(store, "cam-1")[1] >= before, 10, "the heartbeat written"
+        )
+        await core.close()
+
+    asyncio.run(run())
+    assert waits and max(w for w in waits if w is not None) == pytest.approx(linger_s)
+
+
 def test_a_replay_of_retained_statuses_is_one_transaction_and_drops_unknown_devices(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,7 +130,7 @@ def test_a_replay_of_retained_statuses_is_one_transaction_and_drops_unknown_devi
     ghosts = [f"ghost-{i:04d}" for i in range(200)]
     _enroll(store, *known)
     core = _core(store, tmp_path)  # a hub just started: it knows of no device yet
-    monkeypatch.setattr(hubcore, "HEARD_LINGER_S", 3600.0)
+    monkeypatch.setattr(core, "heard_linger_s", 3600.0)
     transactions = _count_transactions(store, monkeypatch, reads=True)
 
     async def run() -> None:
@@ -268,7 +299,7 @@ def test_close_writes_the_news_still_waiting_at_once(
 ) -> None:
     _enroll(store, "cam-1", "cam-2")
     core = _core(store, tmp_path)
-    monkeypatch.setattr(hubcore, "HEARD_LINGER_S", 3600.0)
+    monkeypatch.setattr(core, "heard_linger_s", 3600.0)
 
     async def run() -> None:
         await core.disconnected("cam-1")
@@ -306,7 +337,7 @@ def test_closing_while_the_store_fails_tries_once_and_gives_up_logged(
     failing = FailingStore(store)
     failing.failing.add("record_presence")
     core = _core(failing, tmp_path)
-    monkeypatch.setattr(hubcore, "HEARD_LINGER_S", 3600.0)
+    monkeypatch.setattr(core, "heard_linger_s", 3600.0)
 
     async def run() -> None:
         await core.disconnected("cam-1")

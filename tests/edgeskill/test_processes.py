@@ -56,3 +56,27 @@ def test_a_process_s_usage_counts_the_children_it_runs() -> None:
             os.kill(child, signal.SIGKILL)
             proc.wait(10)
     assert usage(proc.pid) is None  # gone and waited for
+
+
+#: A process that starts two children it records nowhere (one ignores SIGTERM), stops
+#: them with ``stop_strays`` and prints what it stopped and which are still running.
+_STRAYS = """
+import os, signal, subprocess, sys
+from edgeskill.processes import stop_strays
+polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]).pid
+stubborn = subprocess.Popen([sys.executable, "-c",
+    "import signal, sys, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "print('ready', flush=True)\\ntime.sleep(60)"], stdout=subprocess.PIPE)
+stubborn.stdout.readline()  # its SIGTERM handler is in place
+stopped = stop_strays(timeout_s=1.0)
+alive = [p for p in (polite, stubborn.pid) if os.path.exists(f"/proc/{p}")]
+print(sorted(stopped) == sorted([polite, stubborn.pid]), alive)
+"""
+
+
+def test_children_recorded_nowhere_are_stopped_and_reaped_and_a_stubborn_one_killed() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _STRAYS], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "True []", done.stdout + done.stderr

@@ -256,8 +256,13 @@ def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> N
         env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )
     try:
-        # running: the hub and both workers are up (their command lines name the folder)
-        wait_until(lambda: len(_processes_naming(str(work))) >= 3, 120, "hub and workers up")
+        # running: the hub and both workers are up (their command lines name the folder,
+        # as the simulator's own does)
+        wait_until(
+            lambda: len(set(_processes_naming(str(work))) - {sim.pid}) >= 3,
+            120,
+            "hub and workers up",
+        )
         sim.send_signal(signal.SIGTERM)
         assert sim.wait(timeout=60) == 128 + signal.SIGTERM
         wait_until(lambda: not _processes_naming(str(work)), 30, "hub and workers gone")

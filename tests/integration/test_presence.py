@@ -36,6 +36,11 @@ from tests.support import Fleet, agent_args, wait_for_port, wait_until
 from tests.support.broker import tls_broker
 
 HEARTBEAT_S = 1
+#: The interval of the test that watches a running agent: a device is online while its
+#: last stored beat is at most two intervals old, and at one second a stall of a second
+#: on a loaded two-core machine (agent, hub and the suite's other workers) showed a
+#: healthy agent stale. Two seconds leave the beat's send and write two seconds of slack.
+CALM_HEARTBEAT_S = 2
 #: A heartbeat sent just before the kill may be stored a moment after it.
 IN_FLIGHT_S = 0.5
 LIMIT_S = 2 * HEARTBEAT_S + IN_FLIGHT_S
@@ -55,6 +60,7 @@ class Site:
     service: FleetService
     serve_args: list[str]
     agent_url: str
+    heartbeat_s: int = HEARTBEAT_S
 
     def start_hub(self) -> None:
         self.fleet.start("hub", self.serve_args)
@@ -88,7 +94,7 @@ class Site:
     def registered_online(self) -> bool:
         with contextlib.suppress(NotFoundError):
             view = self.service.devices.get(DEVICE)
-            return view.presence == "online" and view.heartbeat_ms == HEARTBEAT_S * 1000
+            return view.presence == "online" and view.heartbeat_ms == self.heartbeat_s * 1000
         return False
 
     def wait_online(self) -> None:
@@ -131,22 +137,34 @@ class Site:
         return "online" if words == {"online"} else "offline"
 
 
-@pytest.fixture(params=["grpc", "mqtt"])
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+@contextlib.contextmanager
+def open_site(transport: str, tmp_path: Path, heartbeat_s: int) -> Iterator[Site]:
     port = free_port_pair()  # gRPC, and enrolment on the next port
     home = tmp_path / "hub"
     Hub.init(home, grpc_bind=f"127.0.0.1:{port}").close()
-    serve = ["hub", "serve", "--home", str(home), "--heartbeat", str(HEARTBEAT_S)]
+    serve = ["hub", "serve", "--home", str(home), "--heartbeat", str(heartbeat_s)]
     agent_url = f"grpcs://127.0.0.1:{port}"
     fleet = Fleet(tmp_path / "logs")
     with contextlib.ExitStack() as stack:
-        if request.param == "mqtt":
+        if transport == "mqtt":
             broker = stack.enter_context(tls_broker(home, tmp_path / "broker"))
             serve += ["--mqtt", broker.hub_url(MQTT_OPTIONS)]
             agent_url = f"mqtts://127.0.0.1:{broker.port}/{broker.prefix}?{MQTT_OPTIONS}"
         stack.callback(fleet.stop_all)  # before the broker stops: clients go first
         service = stack.enter_context(FleetService.open(home))
-        yield Site(home, tmp_path, port, fleet, service, serve, agent_url)
+        yield Site(home, tmp_path, port, fleet, service, serve, agent_url, heartbeat_s)
+
+
+@pytest.fixture(params=["grpc", "mqtt"])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    with open_site(request.param, tmp_path, HEARTBEAT_S) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["grpc", "mqtt"])
+def calm_site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    with open_site(request.param, tmp_path, CALM_HEARTBEAT_S) as opened:
+        yield opened
 
 
 def test_a_killed_agent_is_offline_within_two_heartbeats_across_hub_restarts(site: Site) -> None:
@@ -190,14 +208,14 @@ def test_a_killed_agent_is_offline_within_two_heartbeats_across_hub_restarts(sit
     assert site.offline_within_limit(site.kill("agent"))
 
 
-def test_a_running_agent_stays_online_heartbeat_after_heartbeat(site: Site) -> None:
-    site.start_hub()
-    site.start_agent()
-    site.wait_online()
-    watch_until = time.monotonic() + 6 * HEARTBEAT_S  # three times the offline limit
+def test_a_running_agent_stays_online_heartbeat_after_heartbeat(calm_site: Site) -> None:
+    calm_site.start_hub()
+    calm_site.start_agent()
+    calm_site.wait_online()
+    watch_until = time.monotonic() + 6 * CALM_HEARTBEAT_S  # three times the offline limit
     while time.monotonic() < watch_until:
-        assert site.presence() == "online", site.logs()
-    assert site.cli_presence() == "online"
+        assert calm_site.presence() == "online", calm_site.logs()
+    assert calm_site.cli_presence() == "online"
 
 
 @pytest.mark.parametrize("value", ["0", "301", "abc", "1.5", "-1"])
