@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,12 @@ DEFAULT_BOARDS: Mapping[str, float] = {"x86-cpu": 0.4, "arm-cpu": 0.3, "jetson":
 TRANSPORTS = ("grpc", "mqtt")
 #: A simulator process drives at most this many agents (descriptors, threads, memory).
 MAX_AGENTS_PER_PROC = 5000
+#: File descriptors one simulated agent holds: its connection, its outbox database with
+#: its write-ahead log and shared memory, and one for the file an install or a metadata
+#: update has open (4,907 agents filled a worker's 20,000).
+FDS_PER_AGENT = 5
+#: Descriptors a worker process holds besides its agents' (Python, its logs, its pipes).
+FDS_PER_WORKER = 256
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$")
 
 
@@ -153,6 +160,34 @@ def _check_counts(s: SimSettings) -> None:
             f"--devices {s.devices} over --procs {s.procs} is more than "
             f"{MAX_AGENTS_PER_PROC} agents per process; raise --procs"
         )
+    _check_descriptors(s)
+
+
+def worker_descriptor_limit() -> int:
+    """The most file descriptors a worker process may open here (the hard ``ulimit -n``).
+
+    A worker raises its own soft limit to this when it starts.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return hard if hard != resource.RLIM_INFINITY else 1 << 20
+
+
+def _check_descriptors(s: SimSettings) -> None:
+    """Refuse a share of agents per worker that would run out of file descriptors.
+
+    Past the limit, agents fail to start one by one and the run waits for devices
+    that never come: say so before anything starts.
+    """
+    limit = worker_descriptor_limit()
+    per_worker = math.ceil(s.devices / s.procs)
+    if per_worker * FDS_PER_AGENT + FDS_PER_WORKER <= limit:
+        return
+    fit = max(1, (limit - FDS_PER_WORKER) // FDS_PER_AGENT)
+    raise SimSettingsError(
+        f"--devices {s.devices} over --procs {s.procs} is {per_worker} agents per process, "
+        f"about {per_worker * FDS_PER_AGENT + FDS_PER_WORKER} file descriptors; this host "
+        f"allows {limit} a process (ulimit -Hn): raise --procs to {math.ceil(s.devices / fit)}"
+    )
 
 
 def _check_rates(s: SimSettings) -> None:

@@ -237,6 +237,9 @@ def _on_sigterm_exit() -> Any:
         return None
 
     def terminated(_signum: int, _frame: object) -> None:
+        # Once: a second SIGTERM during the unwinding would cut short the stopping of
+        # the hub and workers (each bounded by its own timeout) and orphan them.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signal.SIGTERM)
 
     return signal.signal(signal.SIGTERM, terminated)

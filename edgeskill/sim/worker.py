@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import resource
 import signal
 import sys
 import time
@@ -286,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     spec = WorkerSpec.from_json(Path(args[0]).read_text(encoding="utf-8"))
+    # Each agent holds a few descriptors (params.FDS_PER_AGENT): take all we may.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def runner() -> None:
         stop = asyncio.Event()

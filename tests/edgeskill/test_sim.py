@@ -475,3 +475,19 @@ def test_a_worker_freezes_its_fleet_and_then_collects_the_young_less_often() -> 
     before, after, frozen, young = json.loads(done.stdout)
     assert before[0] == 700 and after == [young, before[1], before[2]] and young > 700
     assert frozen > 20_000  # the fleet's dicts and lists are out of the collector's sight
+
+
+def test_sim_refuses_more_agents_a_worker_than_its_file_descriptors_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past the limit, agents failed to start one by one and the run waited for
+    # devices that never came: the simulator says so before it starts anything.
+    monkeypatch.setattr("edgeskill.sim.params.worker_descriptor_limit", lambda: 1000)
+    work = tmp_path / "work"
+    args = ["sim", "--devices", "400", "--insecure", "--workdir", str(work)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert "file descriptors" in line and "raise --procs to 3" in line, line
+    assert not work.exists()
+    assert SimSettings(devices=400, procs=3).procs == 3  # what it says to do is enough
