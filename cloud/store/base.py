@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Self
 
 from sqlalchemy import Connection, Engine, text
@@ -11,7 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from cloud.errors import StoreError
-from cloud.store.engine import IMMEDIATE, write_turn
+from cloud.store.engine import IMMEDIATE
 
 __all__ = ["DESIRED_LOCK_KEY", "IDS_PER_QUERY", "StoreBase", "values_clause"]
 
@@ -65,10 +65,7 @@ class StoreBase:
     def _tx(self, *, write: bool = False, lock: str = "") -> Iterator[Connection]:
         """One transaction; ``lock`` is "", "shared" or "exclusive" (desired state)."""
         try:
-            with (
-                write_turn(self._engine) if write else nullcontext(),
-                self._engine.connect() as conn,
-            ):
+            with self._engine.connect() as conn:
                 if write:
                     conn.execution_options(**{IMMEDIATE: True})
                 with conn.begin():

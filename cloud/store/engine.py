@@ -10,8 +10,6 @@ On PostgreSQL, writers that change desired state take an advisory lock.
 from __future__ import annotations
 
 import sqlite3
-import threading
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ __all__ = [
     "SUPPORTED_BACKENDS",
     "create_store_engine",
     "upgrade_schema",
-    "write_turn",
 ]
 
 BUSY_TIMEOUT_S = 30.0
@@ -59,37 +56,6 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
 def _sqlite_on_begin(conn: Connection) -> None:
     immediate = conn.get_execution_options().get(IMMEDIATE, False)
     conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-
-#: One lock per SQLite database this process writes to (:func:`write_turn`), by its path.
-_WRITE_TURNS: dict[str, threading.RLock] = {}
-_TURNS_GUARD = threading.Lock()
-
-
-def write_turn(engine: Engine) -> AbstractContextManager[object]:
-    """Wait for this process's turn to write to ``engine``'s SQLite database.
-
-    SQLite lets one writer at a time hold the database lock. A writer that finds
-    it taken sleeps in SQLite's busy handler (1, 2, 5, ... 100 ms) and tries again,
-    and may keep missing its moment while others take the lock between its naps:
-    four threads of one process writing short transactions (as the hub's report,
-    telemetry and presence batches and its rollout pass do) waited up to 0.5-0.85 s
-    for a lock that stood free most of the time. The writers of one process take a
-    lock of Python's first, and so wait only for the transactions ahead of them
-    (36 ms at most in the same test); writers in other processes (a CLI, another
-    hub) still meet the busy handler. PostgreSQL's writers need no turn.
-
-    Re-entrant: a thread that writes inside its own write has its turn already (and
-    SQLite then waits on itself, as it did before).
-    """
-    if engine.dialect.name != "sqlite":
-        return nullcontext()
-    key = str(engine.url.database or ":memory:")
-    turn = _WRITE_TURNS.get(key)
-    if turn is None:
-        with _TURNS_GUARD:
-            turn = _WRITE_TURNS.setdefault(key, threading.RLock())
-    return turn
 
 
 def _parse(url: str) -> URL:

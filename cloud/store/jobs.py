@@ -7,7 +7,7 @@ and skill links on top. Every public method is one transaction.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from cloud.errors import ConflictError, NotFoundError, StoreError, ValidationError
 from cloud.store import checks as check
 from cloud.store import model_codec as codec
-from cloud.store.engine import IMMEDIATE, write_turn
+from cloud.store.engine import IMMEDIATE
 from cloud.store.model_records import (
     JOB_FAILED,
     JOB_QUEUED,
@@ -43,10 +43,7 @@ class JobTables:
     @contextmanager
     def _tx(self, *, write: bool = False) -> Iterator[Connection]:
         try:
-            with (
-                write_turn(self._engine) if write else nullcontext(),
-                self._engine.connect() as conn,
-            ):
+            with self._engine.connect() as conn:
                 if write:  # BEGIN IMMEDIATE on SQLite: writers queue instead of failing
                     conn.execution_options(**{IMMEDIATE: True})
                 with conn.begin():
