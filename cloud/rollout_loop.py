@@ -27,7 +27,6 @@ soaks and maintenance windows.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import sys
@@ -370,16 +369,9 @@ class RolloutLoop:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
 
         async def run() -> None:
-            # A thread of its own: in the shared pool, a pass queued behind the file
-            # reads and batch writes of thousands of upgrading devices.
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
-            loop = asyncio.get_running_loop()
-            try:
-                while True:
-                    await loop.run_in_executor(pool, self.pass_once)
-                    await asyncio.sleep(self.pause_s)
-            finally:  # a pass in flight finishes in its thread; none starts after it
-                pool.shutdown(wait=False, cancel_futures=True)
+            while True:
+                await asyncio.to_thread(self.pass_once)
+                await asyncio.sleep(self.pause_s)
 
         return run
 

@@ -8,9 +8,6 @@ device's news on the next pass, and decisions that time alone brings.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -31,7 +28,6 @@ from tests.cloud.test_rollout_store import (
     report,
     step,
 )
-from tests.support import async_wait_until
 
 #: The canary, then the rest once the canary ran and half a minute passed.
 PATIENT = {**CANARY, "wave_interval_s": 30}
@@ -165,37 +161,3 @@ def test_a_read_against_the_last_read_equals_a_full_read(
     again = store.rollout_facts(rollout, last=read)
     assert again.changed == frozenset()
     assert (again.targets, again.reports) == (full.targets, full.reports)
-
-
-def test_passes_run_while_the_shared_thread_pool_is_taken(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Thousands of upgrading devices' file reads and batch writes fill the event
-    # loop's shared pool; the leader's pass, which frees rolling slots, must not
-    # queue behind them.
-    loop_under_test = RolloutLoop(store, tick_s=0.05, rolling_tick_s=0.05)
-    passes: list[int] = []
-    real = loop_under_test.pass_once
-
-    def counted() -> int:
-        passes.append(real())
-        return passes[-1]
-
-    monkeypatch.setattr(loop_under_test, "pass_once", counted)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        pool = concurrent.futures.ThreadPoolExecutor(1)
-        loop.set_default_executor(pool)
-        release = threading.Event()
-        blocked = loop.run_in_executor(None, release.wait, 60)  # the shared pool is taken
-        task = asyncio.ensure_future(loop_under_test.factory()())
-        try:
-            await async_wait_until(lambda: len(passes) >= 3, 30, "three passes")
-        finally:
-            release.set()
-            task.cancel()
-            await asyncio.gather(task, blocked, return_exceptions=True)
-
-    asyncio.run(main())
-    assert len(passes) >= 3
