@@ -157,8 +157,12 @@ def start_hubs(
         args += ["--heartbeat", str(settings.heartbeat_s)]
         if hub_mqtt:
             args += ["--mqtt", hub_mqtt]
-        fleet.start(f"hub-{i}", args)
-        wait_for_port(port, 60)
+        proc = fleet.start(f"hub-{i}", args)
+        try:
+            wait_for_port(port, 60, proc)  # a hub that exits is said at once, not in 60 s
+        except (ChildProcessError, TimeoutError) as exc:
+            log = fleet.logs / f"hub-{i}.log"
+            raise type(exc)(f"hub-{i}: {exc} (its log: {log})") from exc
         scheme = "grpc" if settings.insecure else "grpcs"
         found.hub_urls.append(agent_mqtt or f"{scheme}://127.0.0.1:{port}")
         found.enroll_urls.append(f"grpcs://127.0.0.1:{port + 1}")

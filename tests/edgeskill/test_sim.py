@@ -18,9 +18,11 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from typer.testing import CliRunner
@@ -29,8 +31,9 @@ from cloud.service import DeviceView
 from edge_agent.errors import HealthCheckError, SandboxError, TransportError
 from edge_agent.sandbox import SkillItemError
 from edgeskill.cli import app
-from edgeskill.processes import wait_until
+from edgeskill.processes import Fleet, wait_until
 from edgeskill.sim.faults import FaultCounters, FaultyTransport
+from edgeskill.sim.hubside import start_hubs
 from edgeskill.sim.params import (
     SimSettings,
     SimSettingsError,
@@ -491,3 +494,23 @@ def test_sim_refuses_more_agents_a_worker_than_its_file_descriptors_allow(
     assert "file descriptors" in line and "raise --procs to 3" in line, line
     assert not work.exists()
     assert SimSettings(devices=400, procs=3).procs == 3  # what it says to do is enough
+
+
+def test_a_hub_that_exits_at_start_is_said_at_once_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hub that cannot serve (a port taken meanwhile, a broken home) exits: the
+    # simulator says so as soon as it does, naming the log, instead of waiting a
+    # minute for a port and saying only that nothing listens there.
+    fleet = Fleet(tmp_path / "logs")
+
+    def exiting(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        return fleet.spawn(name, [sys.executable, "-c", "raise SystemExit(3)"])
+
+    monkeypatch.setattr(fleet, "start", exiting)
+    home = SimpleNamespace(trusted_root=tmp_path / "root.json", home=tmp_path / "hub")
+    settings = SimSettings(devices=4, insecure=True)
+    started = time.monotonic()
+    with pytest.raises(ChildProcessError, match=r"hub-0: .*exited \(3\).*hub-0\.log"):
+        start_hubs(settings, cast(Any, home), fleet, Fleet(tmp_path / "logs"), tmp_path)
+    assert time.monotonic() - started < 30  # not the minute a silent hub gets
