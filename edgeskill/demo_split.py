@@ -219,8 +219,8 @@ class SplitRig:
             TimeoutError: It did not listen in time.
             OSError: It could not be started.
         """
-        self.fleet.start("hub", ["hub", "serve", "--home", str(self.service.home)])
-        wait_for_port(self.hub_port)
+        proc = self.fleet.start("hub", ["hub", "serve", "--home", str(self.service.home)])
+        wait_for_port(self.hub_port, proc=proc)
 
     def stop_hub(self, sig: int = signal.SIGTERM) -> None:
         """Stop the hub process with ``sig`` (SIGKILL after 10 s)."""

@@ -189,9 +189,13 @@ def free_port() -> int:
 
 
 def wait_for_port(
-    port: int, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+    port: int, timeout_s: float = 90.0, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
     """Block until something listens on ``port``; with ``proc``, only while it runs.
+
+    The default deadline is long: a hub that loads its models on a two-core machine
+    busy with other work took more than 30 s to listen. Give ``proc`` so that a
+    process that exits is said at once rather than at the deadline.
 
     Raises:
         TimeoutError: nothing listened in time.
