@@ -49,6 +49,7 @@ from protos.envelope import now_ms
 from protos.errors import ProtocolError
 from protos.limits import DEVICE_ID_PATTERN, MAX_DEVICE_LABELS, MAX_REPORTED_SKILLS
 from skills.trust import TrustRepository
+from skills.trust.offer import offer_message, read_offer
 
 __all__ = [
     "HubCore",
@@ -320,13 +321,17 @@ class HubCore:
 
     def _desired_many(self, devices: list[str]) -> dict[str, pb.Envelope | Exception]:
         records = self.store.desired_many(devices)
+        found: dict[str, pb.Envelope | Exception]
         if self.director is None:
-            return {r.device_id: desired_envelope(r.device_id, r) for r in records}
-        signed = self.director.instructions(self.store, records)
-        return {
-            d: found if isinstance(found, Exception) else signed_envelope(d, found)
-            for d, found in signed.items()
-        }
+            found = {r.device_id: desired_envelope(r.device_id, r) for r in records}
+        else:
+            signed = self.director.instructions(self.store, records)
+            found = {
+                d: one if isinstance(one, Exception) else signed_envelope(d, one)
+                for d, one in signed.items()
+            }
+        self._offer([env for env in found.values() if isinstance(env, pb.Envelope)])
+        return found
 
     async def desired_changes(
         self, published: Mapping[str, int]
@@ -348,9 +353,28 @@ class HubCore:
 
     def _desired_batch(self, devices: list[str]) -> list[pb.Envelope]:
         if self.director is None:
-            return [desired_envelope(r.device_id, r) for r in self.store.desired_many(devices)]
-        found = self.store.instructions_many(devices)  # signed by the notifier's poll
-        return [signed_envelope(d, found[d]) for d in devices if d in found]
+            envs = [desired_envelope(r.device_id, r) for r in self.store.desired_many(devices)]
+        else:
+            found = self.store.instructions_many(devices)  # signed by the notifier's poll
+            envs = [signed_envelope(d, found[d]) for d in devices if d in found]
+        self._offer(envs)
+        return envs
+
+    def _offer(self, envs: list[pb.Envelope]) -> None:
+        """Send the repository's current metadata beside each desired state.
+
+        A device upgrading then asks the hub only for the bundle (see
+        :mod:`skills.trust.offer`). Nothing is added when the files are over
+        ``MAX_OFFER_BYTES`` together or cannot be read whole now.
+        """
+        if not envs:
+            return
+        offer = read_offer(self.trust.read)
+        if offer is None:
+            return
+        message = offer_message(offer)
+        for env in envs:
+            env.metadata.CopyFrom(message)
 
     @staticmethod
     def revision(env: pb.Envelope) -> int | None:

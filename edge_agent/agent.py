@@ -44,6 +44,7 @@ from protos.errors import ProtocolError
 from skills.errors import FetchError, TrustError
 from skills.manifest import Manifest
 from skills.trust.director import InstructionError
+from skills.trust.offer import MetadataOffer, from_message
 
 if TYPE_CHECKING:
     from edge_agent.adapters import Source
@@ -128,6 +129,8 @@ class Agent:
         refresh_metadata: Refreshes the TUF metadata without fetching a target (blocking;
             raises TrustError when the hub's metadata is expired, rolled back or badly
             signed); run every ``config.metadata_refresh_s``. None: no periodic refresh.
+        offer_metadata: Keeps the TUF metadata the hub sends beside a desired state for
+            the next ``fetch_target`` (``TrustClient.offer``). None: offers are ignored.
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class Agent:
         source: Source | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_metadata: Callable[[], object] | None = None,
+        offer_metadata: Callable[[MetadataOffer], object] | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
@@ -174,6 +178,7 @@ class Agent:
         #: Refusals and containments, counted and reported up.
         self.security = SecurityEvents()
         self._refresh_metadata = refresh_metadata
+        self._offer_metadata = offer_metadata
         self._wake_events = asyncio.Event()
         self.heartbeat_s = 5.0
         # Set when the hub's Welcome changes the interval, so a sleeping heartbeat
@@ -326,10 +331,15 @@ class Agent:
         while True:
             env = await transport.receive()
             kind = kind_of(env)
-            if kind == "signed_desired":
-                self._on_signed(env.signed_desired.instruction)
-            elif kind == "desired":
-                self._on_plain(env.desired)
+            if kind in ("signed_desired", "desired"):
+                if kind == "signed_desired":
+                    accepted = self._on_signed(env.signed_desired.instruction)
+                else:
+                    accepted = self._on_plain(env.desired)
+                if accepted and self._offer_metadata is not None and env.HasField("metadata"):
+                    self._offer_metadata(from_message(env.metadata))
+                if accepted:
+                    self._follow()
             elif kind == "ack":
                 # Deleted with the next commit (no disk sync of its own), sent no more.
                 self._writer.ack(list(env.ack.ids))
@@ -341,24 +351,22 @@ class Agent:
                 self.heartbeat_s = max(1.0, float(env.welcome.heartbeat_s or 5))
                 self._beat_changed.set()
 
-    def _on_signed(self, data: bytes) -> None:
+    def _on_signed(self, data: bytes) -> bool:
+        """Whether the gate takes a signed instruction as the new desired state."""
         try:
-            accepted = self.gate.accept_signed(data)
+            return self.gate.accept_signed(data) is not None
         except InstructionError as exc:
             self.security_event("desired-refused", exc.reason, str(exc), "signed_desired")
-            return
-        if accepted is not None:
-            self._follow()
+            return False
 
-    def _on_plain(self, desired: pb.DesiredState) -> None:
+    def _on_plain(self, desired: pb.DesiredState) -> bool:
+        """Whether the gate takes a plain desired state (insecure mode only)."""
         try:
-            accepted = self.gate.accept_plain(desired)
+            return self.gate.accept_plain(desired) is not None
         except InstructionError as exc:
             detail = f"{exc} (generation {desired.generation})"
             self.security_event("desired-refused", exc.reason, detail, "desired")
-            return
-        if accepted is not None:
-            self._follow()
+            return False
 
     def _follow(self) -> None:
         self._report_due = True

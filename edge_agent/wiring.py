@@ -248,4 +248,5 @@ def build_agent(
         link=link,
         source=source,
         refresh_metadata=trust.refresh,
+        offer_metadata=trust.offer,
     )

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error", "signed_desired", "security_event", "drift_samples")
+    __slots__ = ("id", "device_id", "sent_at_ms", "correlation_id", "register", "welcome", "heartbeat", "desired", "reported", "telemetry", "ack", "error", "signed_desired", "security_event", "drift_samples", "metadata")
     ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class Envelope(_message.Message):
     SIGNED_DESIRED_FIELD_NUMBER: _ClassVar[int]
     SECURITY_EVENT_FIELD_NUMBER: _ClassVar[int]
     DRIFT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     id: str
     device_id: str
     sent_at_ms: int
@@ -38,7 +39,8 @@ class Envelope(_message.Message):
     signed_desired: SignedDesired
     security_event: SecurityEvent
     drift_samples: DriftSamples
-    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., signed_desired: _Optional[_Union[SignedDesired, _Mapping]] = ..., security_event: _Optional[_Union[SecurityEvent, _Mapping]] = ..., drift_samples: _Optional[_Union[DriftSamples, _Mapping]] = ...) -> None: ...
+    metadata: MetadataOffer
+    def __init__(self, id: _Optional[str] = ..., device_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., correlation_id: _Optional[str] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., desired: _Optional[_Union[DesiredState, _Mapping]] = ..., reported: _Optional[_Union[ReportedState, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., signed_desired: _Optional[_Union[SignedDesired, _Mapping]] = ..., security_event: _Optional[_Union[SecurityEvent, _Mapping]] = ..., drift_samples: _Optional[_Union[DriftSamples, _Mapping]] = ..., metadata: _Optional[_Union[MetadataOffer, _Mapping]] = ...) -> None: ...
 
 class HardwareProfile(_message.Message):
     __slots__ = ("arch", "accelerator", "board", "targets", "cpu_count", "memory_bytes")
@@ -119,6 +121,22 @@ class SignedDesired(_message.Message):
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     instruction: bytes
     def __init__(self, instruction: _Optional[bytes] = ...) -> None: ...
+
+class MetadataFile(_message.Message):
+    __slots__ = ("path", "data")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    data: bytes
+    def __init__(self, path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class MetadataOffer(_message.Message):
+    __slots__ = ("root_version", "files")
+    ROOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    root_version: int
+    files: _containers.RepeatedCompositeFieldContainer[MetadataFile]
+    def __init__(self, root_version: _Optional[int] = ..., files: _Optional[_Iterable[_Union[MetadataFile, _Mapping]]] = ...) -> None: ...
 
 class SecurityEvent(_message.Message):
     __slots__ = ("kind", "reason", "detail", "count", "subject")

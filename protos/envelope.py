@@ -10,7 +10,14 @@ from google.protobuf.message import DecodeError
 
 from protos import edgeskill_pb2 as pb
 from protos.errors import ProtocolError
-from protos.limits import MAX_DEVICE_ID_CHARS, MAX_ENVELOPE_BYTES, MAX_MESSAGE_ID_CHARS
+from protos.limits import (
+    MAX_DEVICE_ID_CHARS,
+    MAX_ENVELOPE_BYTES,
+    MAX_MESSAGE_ID_CHARS,
+    MAX_OFFER_BYTES,
+    MAX_OFFER_FILES,
+    MAX_PATH_CHARS,
+)
 
 __all__ = [
     "MAX_ENVELOPE_BYTES",
@@ -100,10 +107,29 @@ def validate_envelope(env: pb.Envelope) -> None:
     """Check the fields every envelope must have.
 
     Raises:
-        ProtocolError: the id is missing or too long, or there is no body.
+        ProtocolError: the id is missing or too long, there is no body, or a
+            metadata offer is out of bounds or not beside a desired state.
     """
     if not env.id or len(env.id) > MAX_MESSAGE_ID_CHARS:
         raise ProtocolError(f"envelope id missing or longer than {MAX_MESSAGE_ID_CHARS} characters")
     if len(env.device_id) > MAX_DEVICE_ID_CHARS:
         raise ProtocolError(f"device id longer than {MAX_DEVICE_ID_CHARS} characters")
-    kind_of(env)
+    kind = kind_of(env)
+    if env.HasField("metadata"):
+        _check_offer(env.metadata, kind)
+
+
+def _check_offer(offer: pb.MetadataOffer, kind: str) -> None:
+    if kind not in ("desired", "signed_desired"):
+        raise ProtocolError(f"a metadata offer beside {kind}, not a desired state")
+    if len(offer.files) > MAX_OFFER_FILES:
+        raise ProtocolError(f"a metadata offer of {len(offer.files)} files (cap {MAX_OFFER_FILES})")
+    size = 0
+    for file in offer.files:
+        name = file.path.removeprefix("metadata/")
+        bad = name == file.path or "/" in name or name.startswith(".") or not name.endswith(".json")
+        if bad or len(file.path) > MAX_PATH_CHARS:
+            raise ProtocolError(f"a metadata offer names {file.path[:80]!r}, not metadata/<file>")
+        size += len(file.data)
+    if size > MAX_OFFER_BYTES:
+        raise ProtocolError(f"a metadata offer of {size} bytes (cap {MAX_OFFER_BYTES})")

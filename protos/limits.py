@@ -22,6 +22,8 @@ __all__ = [
     "MAX_METRICS",
     "MAX_METRIC_NAME_CHARS",
     "MAX_NAME_CHARS",
+    "MAX_OFFER_BYTES",
+    "MAX_OFFER_FILES",
     "MAX_PATH_CHARS",
     "MAX_REPORTED_SKILLS",
     "MAX_STATE_CHARS",
@@ -31,6 +33,10 @@ __all__ = [
 
 #: No control message is larger than this; bulk data goes through Fetch.
 MAX_ENVELOPE_BYTES = 256 * 1024
+#: Metadata a hub sends along with a desired state (timestamp, snapshot, targets):
+#: past this, it sends none and the device fetches the files as usual.
+MAX_OFFER_BYTES = 64 * 1024
+MAX_OFFER_FILES = 3
 #: A fetch request is a path, an offset and a cap.
 MAX_FETCH_REQUEST_BYTES = 4096
 

@@ -20,6 +20,7 @@ updater. Call it from a worker thread.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib import parse
@@ -44,8 +45,12 @@ from skills.trust._fetcher import (
 from skills.trust._files import stage_copy
 from skills.trust._names import check_target_name
 from skills.trust._warm import Verified, VerifiedLoads, disk_mark
+from skills.trust.offer import MetadataOffer
 
 __all__ = ["FetchFn", "FetchManyFn", "FetchResult", "FollowFn", "TrustClient", "TrustLimits"]
+
+#: An offer not used within this long is dropped: the hub has newer files by then.
+OFFER_TTL_S = 120.0
 
 _FOREIGN_ROOT_HINT = (
     "the hub's TUF metadata is not signed by the keys in the trusted root "
@@ -94,6 +99,10 @@ class TrustClient:
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
         self._verified: Verified | None = None
+        #: The hub's last offer (see :meth:`offer`) and when it came.
+        self._offered: tuple[MetadataOffer, float] | None = None
+        #: The root version of the offer the running download was handed.
+        self._offer_root: int | None = None
         if trusted_root is not None and len(trusted_root) > self._limits.max_root_bytes:
             raise TrustError(f"trusted root is over the cap of {self._limits.max_root_bytes} bytes")
         if trusted_root is None and not self._root_path.exists():
@@ -130,12 +139,37 @@ class TrustClient:
         """
         check_target_name(name)
         with self._lock:
+            offered, self._offered = self._offered, None
+            if offered is not None and time.monotonic() - offered[1] <= OFFER_TTL_S:
+                try:
+                    return self._fetch_verified(name, offered[0])
+                except (tuf_errors.RepositoryError, tuf_errors.DownloadError, TrustError):
+                    pass  # a stale or bad offer: the hub is asked, as without one
+                finally:
+                    self._fetcher.answered.clear()
             try:
                 return self._fetch_verified(name)
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate(name, exc, first_contact=self._first_contact()) from exc
             finally:
                 self._fetcher.answered.clear()
+
+    def offer(self, offer: MetadataOffer) -> None:
+        """Keep the metadata the hub sent with a desired state, for the next download.
+
+        :meth:`fetch_target` hands its files to ngclient when it asks for those paths
+        (verified as any download), and takes the hub's newest root version as the
+        hub's answer to "root N+1" when it trusts root N already. Each file over its
+        role's cap is left out. The offer is used once, within :data:`OFFER_TTL_S`;
+        a download that fails with it is made again, asking the hub. Safe to call
+        from any thread.
+        """
+        files = {
+            path: data
+            for path, data in offer.files.items()
+            if path.startswith("metadata/") and len(data) <= self._fetcher.cap(path)
+        }
+        self._offered = (MetadataOffer(offer.root_version, files), time.monotonic())
 
     def refresh(self) -> None:
         """Refresh the metadata chain without fetching a target.
@@ -180,16 +214,21 @@ class TrustClient:
             raise TrustError(f"trusted root holds {root.signed.type!r} metadata")
         return root.signed.version
 
-    def _refresh(self, target: str | None = None) -> Updater:
+    def _refresh(self, target: str | None = None, offer: MetadataOffer | None = None) -> Updater:
         """Refresh the metadata; return an updater holding what is now trusted.
 
         What was kept is dropped first and kept again only by a refresh that
         succeeds, so after any failure the next refresh is ngclient's own, from disk.
         ``target``, the bundle about to be fetched, may be fetched ahead with the
-        metadata; it stays in the fetcher's answers for the download.
+        metadata; it stays in the fetcher's answers for the download. The files of
+        ``offer`` are ngclient's answers for their paths.
         """
         kept, self._verified = self._verified, None
         self._fetcher.start_call()
+        self._offer_root = None
+        if offer is not None:
+            self._fetcher.answered.update(offer.files)
+            self._offer_root = offer.root_version
         try:
             if kept is not None and self._unchanged(kept, target):
                 self._verified = kept
@@ -250,6 +289,9 @@ class TrustClient:
         next_root = f"{root_version + 1}{ROOT_SUFFIX}"
         if (self._metadata_dir / "root_history" / next_root).exists():
             return False
+        if self._offer_root == root_version:  # the hub's newest root is the one trusted
+            self._fetcher.answered[f"metadata/{next_root}"] = None
+        self._offer_root = None
         if not self._fetcher.answered:
             self._fetcher.prefetch((f"metadata/{next_root}", TIMESTAMP), guess)
         return True
@@ -267,8 +309,8 @@ class TrustClient:
             cap=self._fetcher.cap,
         )
 
-    def _fetch_verified(self, name: str) -> Path:
-        updater = self._refresh(name)
+    def _fetch_verified(self, name: str, offer: MetadataOffer | None = None) -> Path:
+        updater = self._refresh(name, offer)
         info: TargetFile | None = updater.get_targetinfo(name)
         if info is None:
             raise TrustError(f"unknown target {name!r}: not in the signed targets metadata")

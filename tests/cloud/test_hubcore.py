@@ -14,10 +14,12 @@ from cloud.errors import FetchRefusedError, FetchTooLargeError, FetchUnknownDevi
 from cloud.hubcore import HubCore, fetch_error_code, running
 from cloud.store import DesiredRecord, Store, open_store
 from protos import ProtocolError, kind_of, make_envelope, pb
-from protos.envelope import now_ms
+from protos.envelope import decode_envelope, encode_envelope, now_ms, validate_envelope
 from protos.fetch import FetchErrorCode
+from protos.limits import MAX_OFFER_BYTES
 from skills.trust import TrustRepository
 from skills.trust.director import DirectorVerifier
+from skills.trust.offer import offer_message, read_offer
 from tests.support import async_wait_until
 
 
@@ -255,6 +257,41 @@ def test_a_core_with_a_director_signs_desired_state_consistently_across_processe
     assert director.revisions(core.store) == {"cam-1": 1}
     assert other.director is not None and other.director.revisions(core.store) == {"cam-1": 1}
     assert director.signed + other.director.signed == 1
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_desired_state_goes_out_with_the_metadata_an_upgrade_fetches(
+    core: HubCore, tmp_path: Path, signed: bool
+) -> None:
+    hub = HubCore(
+        core.store, core.trust, director=HubDirector(tmp_path / "home") if signed else None
+    )
+    asyncio.run(hub.register(register("cam-1")))
+    first = asyncio.run(hub.desired("cam-1"))
+    offer = read_offer(core.trust.read)
+    assert offer is not None and first.metadata == offer_message(offer)
+    assert {f.path for f in first.metadata.files} >= {"metadata/timestamp.json"}
+    validate_envelope(decode_envelope(encode_envelope(first)))  # within every cap
+
+    blob = tmp_path / "blob2.skill"
+    blob.write_bytes(b"two")
+    core.trust.add_target("demo/blob-2.skill", blob)  # a new version published
+    later = asyncio.run(hub.desired("cam-1"))
+    new_offer = read_offer(core.trust.read)
+    assert new_offer is not None and new_offer != offer
+    assert later.metadata == offer_message(new_offer)
+
+
+def test_no_metadata_goes_out_when_it_is_over_the_offer_cap(core: HubCore, tmp_path: Path) -> None:
+    source = tmp_path / "many.skill"
+    source.write_bytes(b"x")
+    long_name = "demo/" + "a-long-skill-name-" * 8
+    for i in range(250):  # a targets file of many versions: over MAX_OFFER_BYTES
+        core.trust.add_target(f"{long_name}{i}.skill", source)
+    assert len(core.trust.read("metadata/targets.json", 1 << 20)) > MAX_OFFER_BYTES
+    asyncio.run(core.register(register("cam-1")))
+    env = asyncio.run(core.desired("cam-1"))
+    assert kind_of(env) == "desired" and not env.HasField("metadata")
 
 
 def test_instructions_near_expiry_are_signed_again_with_a_new_counter(

@@ -30,6 +30,7 @@ from edge_agent.transport.mqtt import MqttAgentTransport
 from protos import decode_envelope, encode_envelope, kind_of, make_envelope, pb
 from protos.topics import MqttEndpoint
 from skills.trust.director import Instruction, SignedInstruction
+from skills.trust.offer import offer_message, read_offer
 from tests.support import async_wait_until
 from tests.support.hubs import hub_with_digits
 from tests.support.services import mqtt_host_port, mqtt_url
@@ -274,9 +275,13 @@ def test_desired_changes_reach_devices_and_stay_retained(hub: Hub, url: str) -> 
             first = instruction_of(await next_of(cam, "signed_desired"))
             # a deployment made outside this hub process (the CLI, another hub)
             hub.store.create_deployment("digits", "1.0.0", "cameras", now_ms=3)
-            pushed = instruction_of(await next_of(cam, "signed_desired"))
+            pushed_env = await next_of(cam, "signed_desired")
+            pushed = instruction_of(pushed_env)
             assert pushed.counter > first.counter
             assert b"1.0.0" in pushed.payload
+            # beside it, the metadata an upgrade would fetch (skills.trust.offer)
+            offer = read_offer(hub.trust.read)
+            assert offer is not None and pushed_env.metadata == offer_message(offer)
         got: list[bytes] = []
         reader = raw_client()
         reader.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload))

@@ -12,7 +12,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from edge_agent.workload import ReplaySource
 from protos import decode_envelope, kind_of, make_envelope, pb
 from protos.envelope import now_ms
 from skills.trust.director import DirectorKey, Instruction
+from skills.trust.offer import MetadataOffer
 from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
 from tests.support.skillkit import build_skill
@@ -135,6 +136,7 @@ def _agent(
     launcher: SkillLauncher,
     fetch_target: object = Path,
     source: ReplaySource | None = None,
+    offer_metadata: Callable[[MetadataOffer], object] | None = None,
 ) -> Agent:
     state = config.state_dir
     state.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,7 @@ def _agent(
         launcher=launcher,
         transport_factory=lambda: transport,
         source=source,
+        offer_metadata=offer_metadata,
     )
 
 
@@ -311,6 +314,42 @@ def test_only_the_directors_instructions_for_this_device_are_followed(tmp_path: 
     again = _agent(config, transport, FakeLauncher())
     assert (again.gate.last_counter, again.desired) == (2, new)
     again.outbox.close()
+
+
+def test_only_an_accepted_desired_states_metadata_goes_to_the_trust_client(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, reconcile_interval_s=60.0)
+    key = _trust_director(config)
+    transport = RecordingTransport(config.state_dir / "outbox.db")
+    offers: list[MetadataOffer] = []
+    agent = _agent(config, transport, FakeLauncher(), offer_metadata=offers.append)
+    metadata = pb.MetadataOffer(
+        root_version=1, files=[pb.MetadataFile(path="metadata/timestamp.json", data=b"{}")]
+    )
+
+    def offered(env: pb.Envelope) -> pb.Envelope:
+        env.metadata.CopyFrom(metadata)
+        return env
+
+    genuine = _sign(key, "cam-1", 1, pb.DesiredState(generation=1))
+    forged = offered(make_envelope("hub", desired=pb.DesiredState(generation=5)))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        await transport.inbox.put(forged)  # unsigned: refused, and its metadata with it
+        await transport.inbox.put(offered(_signed_env(genuine)))
+        await async_wait_until(lambda: agent.gate.last_counter == 1, 10, "the instruction")
+        await transport.inbox.put(offered(_signed_env(genuine)))  # a retained copy: ignored
+        await transport.inbox.put(forged)  # after the copy: once counted, the copy was read
+        refused = ("desired-refused", "unsigned")
+        await async_wait_until(lambda: agent.security.totals[refused] == 2, 10, "two refusals")
+        stop.set()
+        await running
+
+    asyncio.run(main())
+    assert offers == [MetadataOffer(1, {"metadata/timestamp.json": b"{}"})]
 
 
 def test_a_module_that_swallows_its_cancellation_does_not_hang_the_stop(

@@ -16,6 +16,7 @@ from protos import (
     make_envelope,
     pb,
 )
+from protos.limits import MAX_OFFER_BYTES
 
 
 def test_generated_code_is_current() -> None:
@@ -71,3 +72,39 @@ def test_oversized_envelope_is_not_encoded() -> None:
     big = pb.Telemetry(metrics={f"m{i}": float(i) for i in range(20000)})
     with pytest.raises(ProtocolError, match="cap"):
         encode_envelope(make_envelope("d", telemetry=big))
+
+
+def _offered(kind: str, *files: tuple[str, bytes]) -> bytes:
+    body = {"desired": pb.DesiredState(generation=1)} if kind == "desired" else {}
+    if kind == "heartbeat":
+        body = {"heartbeat": pb.Heartbeat()}
+    env = make_envelope("cam-1", **body)
+    env.metadata.root_version = 1
+    env.metadata.files.extend(pb.MetadataFile(path=p, data=d) for p, d in files)
+    return env.SerializeToString()
+
+
+def test_a_metadata_offer_within_its_bounds_is_taken() -> None:
+    files = [("metadata/timestamp.json", b"t"), ("metadata/2.snapshot.json", b"s")]
+    env = decode_envelope(_offered("desired", *files))
+    assert [f.path for f in env.metadata.files] == [p for p, _ in files]
+
+
+@pytest.mark.parametrize(
+    ("kind", "files", "match"),
+    [
+        ("heartbeat", [("metadata/timestamp.json", b"t")], "not a desired state"),
+        ("desired", [(f"metadata/{i}.json", b"") for i in range(4)], "4 files"),
+        ("desired", [("targets/digits.skill", b"x")], "not metadata/<file>"),
+        ("desired", [("metadata/../keys/root.pem", b"x")], "not metadata/<file>"),
+        ("desired", [("metadata/", b"x")], "not metadata/<file>"),
+        ("desired", [("metadata/..json", b"x")], "not metadata/<file>"),
+        ("desired", [("metadata/t.json", bytes(MAX_OFFER_BYTES + 1))], "bytes"),
+    ],
+    ids=["beside-heartbeat", "too-many", "a-target", "climbs-out", "no-name", "dot", "too-big"],
+)
+def test_a_metadata_offer_out_of_bounds_is_refused(
+    kind: str, files: list[tuple[str, bytes]], match: str
+) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_envelope(_offered(kind, *files))
