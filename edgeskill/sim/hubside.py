@@ -162,7 +162,8 @@ def start_hubs(
             wait_for_port(port, 60, proc)  # a hub that exits is said at once, not in 60 s
         except (ChildProcessError, TimeoutError) as exc:
             log = fleet.logs / f"hub-{i}.log"
-            raise type(exc)(f"hub-{i}: {exc} (its log: {log})") from exc
+            said = _last_lines(log)  # the work folder, and the log, may be gone soon
+            raise type(exc)(f"hub-{i}: {exc} (its log: {log}){said}") from exc
         scheme = "grpc" if settings.insecure else "grpcs"
         found.hub_urls.append(agent_mqtt or f"{scheme}://127.0.0.1:{port}")
         found.enroll_urls.append(f"grpcs://127.0.0.1:{port + 1}")
@@ -188,3 +189,16 @@ def _start_broker(service: FleetService, broker: Fleet, work: Path) -> tuple[str
     wait_for_port(port, 10)
     hub = f"{hub_mqtt_url(service.home, '127.0.0.1', port, MQTT_PREFIX)}&{MQTT_OPTIONS}"
     return hub, f"mqtts://127.0.0.1:{port}/{MQTT_PREFIX}?{MQTT_OPTIONS}"
+
+
+def _last_lines(log: Path, lines: int = 6, max_chars: int = 1500) -> str:
+    """The end of a log, to quote in an error; empty when there is nothing to read."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 16 * max_chars))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    tail = "\n".join(line for line in text.splitlines() if line.strip())
+    tail = "\n".join(tail.splitlines()[-lines:])[-max_chars:]
+    return f"; it ended with:\n{tail}" if tail else ""
