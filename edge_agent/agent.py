@@ -336,9 +336,9 @@ class Agent:
                     accepted = self._on_signed(env.signed_desired.instruction)
                 else:
                     accepted = self._on_plain(env.desired)
-                if accepted and self._offer_metadata is not None and env.HasField("metadata"):
-                    self._offer_metadata(from_message(env.metadata))
                 if accepted:
+                    if self._offer_metadata is not None and env.HasField("metadata"):
+                        self._offer_metadata(from_message(env.metadata))
                     self._follow()
             elif kind == "ack":
                 # Deleted with the next commit (no disk sync of its own), sent no more.

@@ -199,6 +199,6 @@ def _last_lines(log: Path, lines: int = 6, max_chars: int = 1500) -> str:
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    tail = "\n".join(line for line in text.splitlines() if line.strip())
-    tail = "\n".join(tail.splitlines()[-lines:])[-max_chars:]
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    tail = "\n".join(kept)[-max_chars:]
     return f"; it ended with:\n{tail}" if tail else ""

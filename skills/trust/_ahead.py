@@ -29,7 +29,7 @@ from typing import Any
 
 from skills.trust._fetcher import FetchResult
 
-__all__ = ["MAX_GUESSED_TARGET_BYTES", "Guess"]
+__all__ = ["MAX_GUESSED_TARGET_BYTES", "Guess", "meta_version", "metadata_path"]
 
 #: Largest bundle fetched on a guess: held before its signed length is known.
 MAX_GUESSED_TARGET_BYTES = 1024 * 1024
@@ -83,10 +83,10 @@ class Guess:
             if len(answers) != 2 or answers[0] is not None or answers[1] == self.timestamp:
                 return None
             meta = _signed(answers[1])["meta"]["snapshot.json"]
-            return self._metadata("snapshot", _version(meta), self.snapshot_version)
+            return self._metadata("snapshot", meta_version(meta), self.snapshot_version)
         if step == 1:  # [snapshot]
             meta = _signed(answers[0])["meta"]["targets.json"]
-            return self._metadata("targets", _version(meta), self.targets_version)
+            return self._metadata("targets", meta_version(meta), self.targets_version)
         if step == 2 and self.target is not None:  # [targets]
             return self._bundle(_signed(answers[0]))
         return None
@@ -95,7 +95,7 @@ class Guess:
         """The role's file at ``version``; None when ngclient would keep the trusted one."""
         if version <= trusted:
             return None
-        path = f"metadata/{version}.{role}.json" if self.consistent else f"metadata/{role}.json"
+        path = metadata_path(role, version, consistent=self.consistent)
         return path, self.cap(path)
 
     def _bundle(self, targets: dict[str, Any]) -> tuple[str, int] | None:
@@ -117,6 +117,11 @@ class Guess:
         return f"targets/{path}", length
 
 
+def metadata_path(role: str, version: int, *, consistent: bool) -> str:
+    """The fetch path of ``role``'s metadata at ``version`` (its version's file if consistent)."""
+    return f"metadata/{version}.{role}.json" if consistent else f"metadata/{role}.json"
+
+
 def _signed(answer: FetchResult) -> dict[str, Any]:
     if not isinstance(answer, bytes) or len(answer) > _MAX_PARSED_BYTES:
         raise ValueError("no answer to read")
@@ -126,7 +131,8 @@ def _signed(answer: FetchResult) -> dict[str, Any]:
     return signed
 
 
-def _version(meta: dict[str, Any]) -> int:
+def meta_version(meta: dict[str, Any]) -> int:
+    """The version a ``meta`` entry names; ValueError when it is not a positive int."""
     version = meta["version"]
     if type(version) is not int or version < 1:
         raise ValueError("not a version")

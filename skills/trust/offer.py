@@ -26,6 +26,7 @@ from typing import Any
 from protos import edgeskill_pb2 as pb
 from protos.limits import MAX_OFFER_BYTES
 from skills.errors import SkillError
+from skills.trust._ahead import meta_version, metadata_path
 
 __all__ = ["MetadataOffer", "from_message", "offer_message", "read_offer"]
 
@@ -100,16 +101,11 @@ def _signed(data: bytes, role: str) -> dict[str, Any]:
 
 def _root_version(data: bytes) -> _Root:
     signed = _signed(data, "root")
-    version = signed["version"]
-    if type(version) is not int or version < 1:
-        raise ValueError("not a root version")
-    return _Root(version, bool(signed.get("consistent_snapshot")))
+    return _Root(meta_version(signed), bool(signed.get("consistent_snapshot")))
 
 
 def _named(data: bytes, role: str, consistent: bool) -> str:
-    """The path of the ``role`` file the metadata ``data`` names (its version's, if consistent)."""
+    """The path of the ``role`` file the metadata ``data`` names."""
     owner = "timestamp" if role == "snapshot" else "snapshot"
-    version = _signed(data, owner)["meta"][f"{role}.json"]["version"]
-    if type(version) is not int or version < 1:
-        raise ValueError(f"not a {role} version")
-    return f"metadata/{version}.{role}.json" if consistent else f"metadata/{role}.json"
+    version = meta_version(_signed(data, owner)["meta"][f"{role}.json"])
+    return metadata_path(role, version, consistent=consistent)
