@@ -188,6 +188,9 @@ class RunSummary:
     #: Fetch requests the agents sent, and how many of them the hub answered "busy".
     fetches: int = 0
     fetch_busy: int = 0
+    #: Cores the hub processes and the workers used during ``--soak`` (None: no soak).
+    soak_hub_cores: float | None = None
+    soak_agents_cores: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain data."""
@@ -277,12 +280,18 @@ def summary_table(s: RunSummary) -> Table:
 
 
 def outcome_lines(s: RunSummary) -> list[str]:
-    """One line per version whose staged rollout ended with a reason (a failed gate)."""
-    return [
+    """The lines under the table: each rollout that ended on a failed gate, the soak's cost."""
+    lines = [
         f"{v.version}: {v.outcome} after moving {v.moved} device(s): {v.outcome_reason}"
         for v in s.versions
         if v.outcome_reason
     ]
+    if s.soak_hub_cores is not None and s.soak_agents_cores is not None:
+        lines.append(
+            f"idle fleet (soak): hub {s.soak_hub_cores:.2f} cores, "
+            f"agents {s.soak_agents_cores:.2f} cores"
+        )
+    return lines
 
 
 def write_json(summary: RunSummary, path: Path) -> None:

@@ -257,6 +257,7 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
     hubs, workers, broker = Fleet(logs), Fleet(logs), Fleet(logs)
     deployed: dict[str, _Deployed] = {}
     connect_s: float | None = None
+    soak: tuple[float, float] | None = None
     run: _Run | None = None
     try:
         endpoints = start_hubs(settings, service, hubs, broker, work)
@@ -268,7 +269,7 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
                 for i, version in enumerate(settings.deploy):
                     deployed[version] = _deploy(run, live, version, first=i == 0)
                 if settings.soak_s:
-                    run.watch(live, "soak", lambda _: False, settings.soak_s)
+                    soak = _soak(run, live, settings.soak_s)
     finally:
         _stop_workers(workers)
         final = run.statuses() if run is not None else []
@@ -284,12 +285,27 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
     summary.agents_heap_frozen = sum(int(s.get("gc_frozen", 0)) for s in final)
     summary.fetches = sum(int(s.get("fetches", 0)) for s in final)
     summary.fetch_busy = sum(int(s.get("fetch_busy", 0)) for s in final)
+    if soak is not None:
+        summary.soak_hub_cores, summary.soak_agents_cores = soak
     console.print(summary_table(summary))
     for line in outcome_lines(summary):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     if settings.json_out is not None:
         write_json(summary, settings.json_out)
     return summary.ok
+
+
+def _soak(run: _Run, live: Live, seconds: float) -> tuple[float, float]:
+    """Run on for ``seconds`` after the deployments; the cores the hub and the agents used.
+
+    What an idle fleet costs: heartbeats, telemetry windows, inputs fed to the skills.
+    """
+    hub_before, agents_before = run.cpu_s()
+    started = time.monotonic()
+    run.watch(live, "soak", lambda _: False, seconds)
+    took = time.monotonic() - started
+    hub_after, agents_after = run.cpu_s()
+    return (hub_after - hub_before) / took, (agents_after - agents_before) / took
 
 
 def _stop_workers(workers: Fleet) -> None:

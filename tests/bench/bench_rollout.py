@@ -23,7 +23,10 @@ Measured on the upgrade:
 * ``upgrade_hub_cpu_s`` / ``upgrade_agents_cpu_s``: the same from the upgrade's
   deployment to its settling, and ``hub_bound_s``, the hub's part over two
   cores: how long a 2-core hub of its own would at least take for this work
-  when the devices do not share its cores (here they do, and take most of them).
+  when the devices do not share its cores (here they do, and take most of them);
+* ``idle_hub_cores`` / ``idle_agents_cores``: the cores each side used while the
+  upgraded fleet stayed idle for ``--soak`` seconds (heartbeats, telemetry
+  windows, inputs fed to the skills): what is left of the two for an upgrade.
 
 The reference is the pace of Greengrass v2's fastest rollout (1,000 devices a
 minute, its ``maximumPerMinute`` cap): ``vs_greengrass`` is that time over
@@ -72,7 +75,7 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
     argv += ["--rate", str(args.rate), "--telemetry-window", str(args.telemetry_window)]
     argv += ["--heartbeat", str(args.heartbeat), "--json", str(out)]
     argv += ["--connect-timeout", str(args.timeout), "--converge-timeout", str(args.timeout)]
-    argv += ["--workdir", str(work / transport)]
+    argv += ["--workdir", str(work / transport), "--soak", str(args.soak)]
     if args.plan is not None:
         argv += ["--plan", args.plan.read_text(encoding="utf-8")]
     if transport == "mqtt":
@@ -118,6 +121,9 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
             max((w["active_p99_s"] or 0.0 for w in upgrade["waves"]), default=None)
         ),
         "wave_detail": upgrade["waves"],
+        # The fleet idle after the upgrade (the soak): the cores its steady traffic takes.
+        "idle_hub_cores": _round(summary.get("soak_hub_cores")),
+        "idle_agents_cores": _round(summary.get("soak_agents_cores")),
         "wall_s": round(wall, 1),
     }
 
@@ -206,6 +212,9 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=int, default=30, help="the hub's heartbeat, s")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
     parser.add_argument(
+        "--soak", type=float, default=20.0, help="seconds idle after the upgrade, measured"
+    )
+    parser.add_argument(
         "--transports", type=lambda v: v.split(","), default=["mqtt", "grpc"], help="a,b"
     )
     parser.add_argument(
@@ -238,6 +247,7 @@ def main() -> None:
         "rate_per_device": args.rate,
         "telemetry_window_s": args.telemetry_window,
         "heartbeat_s": args.heartbeat,
+        "soak_s": args.soak,
         "goal": "10,000 devices converged in < 60 s, p99 time-to-active < 2 s",
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -116,6 +116,9 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
     for version in ("1.0.0", "2.0.0"):
         assert 0 < rows[version]["hub_cpu_s"] < summary["hub_cpu_s"]
         assert 0 < rows[version]["agents_cpu_s"] < summary["agents_cpu_s"]
+    # The idle fleet's cost over the soak: 60 agents fed 5 inputs a second each.
+    assert 0 < summary["soak_hub_cores"] < 2 and 0 < summary["soak_agents_cores"] < 2
+    assert "idle fleet (soak): hub" in result.stdout
     assert "2.0.0" in result.stdout and "failed installs" in result.stdout
     assert not (tmp_path / "edgeskill-sim").exists()
 
