@@ -21,7 +21,9 @@ the devices whose rows changed (and every target's presence once one may have
 gone quiet), as long as the stored state is the one that pass left; otherwise
 it joins everything again. A new leader starts with no last pass, so it reads
 everything. The engine still runs every pass, since time alone moves timeouts,
-soaks and maintenance windows.
+soaks and maintenance windows. A plan none of whose gates judges KPIs has its
+KPI totals (shown in its status, waited on by nothing) read every
+:data:`KPI_STATUS_MS`, not every pass.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from cloud.rollout.events import (
     Targets,
     Tick,
 )
-from cloud.rollout.gates import Verdict
+from cloud.rollout.gates import DEVICE_GATES, Verdict
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.rollout.state import Phase, RolloutState
 from cloud.store import Store
@@ -63,6 +65,7 @@ from cloud.store.rollouts import RolloutFacts, RolloutRecord, RolloutUpdate
 from protos.envelope import now_ms
 
 __all__ = [
+    "KPI_STATUS_MS",
     "ROLLING_TICK_S",
     "ROLLOUT_TICK_S",
     "LastPass",
@@ -81,6 +84,10 @@ ROLLOUT_TICK_S = 1.0
 ROLLING_TICK_S = 0.25
 #: Longest a pass takes the fleet stamp's word that no target's row changed (or only reports).
 REREAD_MS = 30_000
+#: How old the KPI totals of a rollout may grow when none of its gates judges KPIs:
+#: they are then only shown (the status's candidate and baseline), not waited on, and
+#: reading and joining them every pass was a third of a pass at 10,000 devices.
+KPI_STATUS_MS = 5_000
 
 
 def plan_of(rollout: RolloutRecord) -> RolloutPlan:
@@ -119,7 +126,8 @@ class LastPass:
     ``now_ms``: its time. ``quiet_ms``: the earliest time a target it last saw
     online turns offline by silence alone. ``targets``: its :class:`Targets` event.
     ``rows_read_ms``: when the targets' rows in ``facts`` were last read whole (not
-    kept, all or most of them, on the fleet stamp's word).
+    kept, all or most of them, on the fleet stamp's word). ``kpis_read_ms``: when
+    its KPI totals were last read (see :data:`KPI_STATUS_MS`).
     """
 
     revision: int | None
@@ -128,6 +136,7 @@ class LastPass:
     quiet_ms: int
     targets: Targets
     rows_read_ms: int = 0
+    kpis_read_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -431,6 +440,8 @@ class RolloutLoop:
         # (a hub process of an older version, during a rolling upgrade) is read late,
         # never missed.
         reread = last is not None and not 0 <= now - last.rows_read_ms < REREAD_MS
+        judged = any(g.kind not in DEVICE_GATES for g in plan.gates)
+        kpis_due = judged or last is None or not 0 <= now - last.kpis_read_ms < KPI_STATUS_MS
         try:
             tally = self._tallies.setdefault(dep_id, KpiTally())
             facts = self._store.rollout_facts(
@@ -439,6 +450,7 @@ class RolloutLoop:
                 None if last is None else last.facts,
                 refreshes_moot=moot,
                 reread=reread,
+                kpis_due=kpis_due,
             )
         except NotFoundError as exc:
             raise ValidationError(f"cannot read its fleet: {exc}") from None
@@ -460,8 +472,17 @@ class RolloutLoop:
             )
         left = self._held[dep_id].revision if dep_id in self._held else None
         read_ms = last.rows_read_ms if last is not None and not facts.whole else now
+        kpis_ms = now
+        if last is not None and not kpis_due and facts.kpis is last.facts.kpis:
+            kpis_ms = last.kpis_read_ms  # kept unread
         self._last[dep_id] = LastPass(
-            left, facts, now, events.quiet_ms, events.targets, rows_read_ms=read_ms
+            left,
+            facts,
+            now,
+            events.quiet_ms,
+            events.targets,
+            rows_read_ms=read_ms,
+            kpis_read_ms=kpis_ms,
         )
         for message in change.messages if change is not None and written else ():
             log.info("%s", message)

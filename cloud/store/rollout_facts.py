@@ -94,6 +94,7 @@ def read_facts(
     stamp: Stamp | None = None,
     refreshes_moot: bool = False,
     reread: bool = False,
+    kpis_due: bool = True,
 ) -> RolloutFacts:
     """Read the facts of ``dep``'s rollout; ``where`` keeps the devices its group selects.
 
@@ -105,6 +106,9 @@ def read_facts(
     aside when ``refreshes_moot``, see :func:`cloud.store.fleet_stamp.moved`),
     they are not read again, and when only reports moved, only the rows of the
     reports stored since shortly before ``last`` are; unless ``reread``.
+    ``kpis_due``: False takes ``last``'s KPIs as they are, without reading the
+    telemetry (for a plan none of whose gates judges KPIs, between the reads that
+    keep its status current); they are read when the targets changed all the same.
 
     Raises:
         StoreError: Stored data is corrupt.
@@ -135,7 +139,10 @@ def read_facts(
     baseline = since if cut is None else max(since, cut)
     ids = select(devices.c.device_id).where(where)
     kept = last.kpis if last is not None and targets.keys() == last.targets.keys() else None
-    kpis = _kpis(conn, ids, targets, dep, since, baseline, tally, kept)
+    if kept is not None and not kpis_due:
+        kpis = kept
+    else:
+        kpis = _kpis(conn, ids, targets, dep, since, baseline, tally, kept)
     switch = conn.execute(select(fleet_controls).where(fleet_controls.c.id == FLEET_ROW)).first()
     flag = (bool(switch.stopped), int(switch.changed_ms)) if switch else (False, -1)
     whole = news is Moved.ROWS

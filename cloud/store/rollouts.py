@@ -290,6 +290,7 @@ class RolloutTables(StoreBase):
         *,
         refreshes_moot: bool = False,
         reread: bool = False,
+        kpis_due: bool = True,
     ) -> RolloutFacts:
         """Read what the fleet shows ``rollout`` now, in one transaction.
 
@@ -302,6 +303,7 @@ class RolloutTables(StoreBase):
         ``refreshes_moot``: heartbeats of devices online anyway change nothing the
         caller derives from ``last`` yet (see :mod:`cloud.store.fleet_stamp`).
         ``reread``: read the rows whatever the stamp says.
+        ``kpis_due``: False keeps ``last``'s KPI totals unread (see ``read_facts``).
 
         Raises:
             NotFoundError: The deployment's group is gone.
@@ -321,6 +323,7 @@ class RolloutTables(StoreBase):
                 stamp=stamp,
                 refreshes_moot=refreshes_moot,
                 reread=reread,
+                kpis_due=kpis_due,
             )
 
     def save_rollout(self, change: RolloutUpdate, *, now_ms: int) -> bool:
