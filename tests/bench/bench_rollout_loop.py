@@ -11,8 +11,11 @@ runs a pass a (simulated) second; after every other pass the devices admitted so
 far report 2.0.0 running. With ``--strategy rolling`` (at most 300 in flight, as
 ``tests/bench/rollout_rolling.toml``) the passes come every (simulated) quarter
 second and after every other pass 60 of the devices in flight report, as a rolling
-upgrade's reports trickle in between its leader's passes. Timed, as medians over
-the passes of each kind:
+upgrade's reports trickle in between its leader's passes. Between passes the
+fleet's telemetry comes in too, ``--telemetry-per-s`` windows a (simulated)
+second (default: one a minute from each device, each for the version it runs),
+so each pass finds its KPI totals moved. Timed, as medians over the passes of
+each kind:
 
 * ``first``: the leader's first pass (it sums every KPI window once);
 * ``quiet``: a pass where nothing new was reported (the steady cost a second);
@@ -95,15 +98,34 @@ def build_fleet(store: Store, devices: int, windows: int, now_ms: int) -> list[s
     return fleet
 
 
-def measure(devices: int, windows: int, passes: int, strategy: str) -> dict[str, Any]:
+def _arriving(
+    fleet: list[str], reported: dict[str, None], first: int, count: int, now_ms: int
+) -> list[tuple[str, str, TelemetryRecord]]:
+    """``count`` new windows from the devices after ``first``, each for what it runs."""
+    rows = []
+    for k in range(first, first + count):
+        device = fleet[k % len(fleet)]
+        version = "2.0.0" if device in reported else "1.0.0"
+        record = TelemetryRecord(
+            "face", version, 60, 30, 27, 4.0, 11.0, now_ms - 60_000, now_ms, received_ms=now_ms,
+            latency_p95_ms=8.0,
+        )  # fmt: skip
+        rows.append((f"{device}-live-{k}", device, record))
+    return rows
+
+
+def measure(
+    devices: int, windows: int, passes: int, strategy: str, telemetry_per_s: float
+) -> dict[str, Any]:
     """Build the fleet, run the passes; the medians by kind and the baseline."""
     rolling = strategy == "rolling"
     tick_ms, reports = (250, ROLLING_REPORTS) if rolling else (1000, devices)
+    per_pass = round(telemetry_per_s * tick_ms / 1000)
     now = [10_000_000_000]
     with tempfile.TemporaryDirectory(prefix="edgeskill-bench-loop-", dir=ram_folder()) as tmp:
         store = open_store(f"sqlite:///{tmp}/hub.db")
         try:
-            build_fleet(store, devices, windows, now[0])
+            fleet = build_fleet(store, devices, windows, now[0])
             dep = store.create_deployment(
                 "face",
                 "2.0.0",
@@ -116,6 +138,10 @@ def measure(devices: int, windows: int, passes: int, strategy: str) -> dict[str,
             reported: dict[str, None] = {}  # in the order they reported
             for n in range(passes):
                 now[0] += tick_ms
+                if per_pass:
+                    store.add_telemetry_many(
+                        _arriving(fleet, reported, n * per_pass, per_pass, now[0])
+                    )
                 started = time.perf_counter()
                 loop.pass_once()
                 took = (time.perf_counter() - started) * 1000
@@ -141,6 +167,7 @@ def measure(devices: int, windows: int, passes: int, strategy: str) -> dict[str,
         "strategy": strategy,
         "devices": devices,
         "windows_per_device": windows,
+        "telemetry_per_pass": per_pass,
         "passes": passes,
         "moved": len(reported),
         "first_ms": round(kinds["first"][0]),
@@ -159,8 +186,12 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=60, help="telemetry windows a device")
     parser.add_argument("--passes", type=int, default=16)
     parser.add_argument("--strategy", choices=("waves", "rolling"), default="waves")
+    parser.add_argument(
+        "--telemetry-per-s", type=float, help="windows arriving a second (default: devices / 60)"
+    )
     args = parser.parse_args()
-    row = measure(args.devices, args.windows, args.passes, args.strategy)
+    per_s = args.devices / 60 if args.telemetry_per_s is None else args.telemetry_per_s
+    row = measure(args.devices, args.windows, args.passes, args.strategy, per_s)
     table = Table("measure", "value", title="the leader's rollout pass (ms)")
     for key, value in row.items():
         table.add_row(key, str(value))
