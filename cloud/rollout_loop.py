@@ -21,9 +21,9 @@ the devices whose rows changed (and every target's presence once one may have
 gone quiet), as long as the stored state is the one that pass left; otherwise
 it joins everything again. A new leader starts with no last pass, so it reads
 everything. The engine still runs every pass, since time alone moves timeouts,
-soaks and maintenance windows. A plan none of whose gates judges KPIs has its
-KPI totals (shown in its status, waited on by nothing) read every
-:data:`KPI_STATUS_MS`, not every pass.
+soaks and maintenance windows. A plan that is no A/B test and none of whose
+gates judges KPIs has its KPI totals (shown in its status, waited on by
+nothing) read every :data:`KPI_STATUS_MS`, not every pass.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ ROLLOUT_TICK_S = 1.0
 ROLLING_TICK_S = 0.25
 #: Longest a pass takes the fleet stamp's word that no target's row changed (or only reports).
 REREAD_MS = 30_000
-#: How old the KPI totals of a rollout may grow when none of its gates judges KPIs:
-#: they are then only shown (the status's candidate and baseline), not waited on, and
+#: How old the KPI totals of a rollout may grow when it is no A/B test and none of its gates
+#: judges KPIs: they are then only shown (the status's candidate and baseline), not waited on;
 #: reading and joining them every pass was a third of a pass at 10,000 devices.
 KPI_STATUS_MS = 5_000
 
@@ -440,7 +440,8 @@ class RolloutLoop:
         # (a hub process of an older version, during a rolling upgrade) is read late,
         # never missed.
         reread = last is not None and not 0 <= now - last.rows_read_ms < REREAD_MS
-        judged = any(g.kind not in DEVICE_GATES for g in plan.gates)
+        # An A/B test exists to set its versions' KPIs side by side: read every pass.
+        judged = plan.ab is not None or any(g.kind not in DEVICE_GATES for g in plan.gates)
         kpis_due = judged or last is None or not 0 <= now - last.kpis_read_ms < KPI_STATUS_MS
         try:
             tally = self._tallies.setdefault(dep_id, KpiTally())
