@@ -107,8 +107,8 @@ def read_facts(
     they are not read again, and when only reports moved, only the rows of the
     reports stored since shortly before ``last`` are; unless ``reread``.
     ``kpis_due``: False takes ``last``'s KPIs as they are, without reading the
-    telemetry (for a plan none of whose gates judges KPIs, between the reads that
-    keep its status current); they are read when the targets changed all the same.
+    telemetry (for a plan that only shows them, between the reads that keep its
+    status current); they are read when the targets changed all the same.
 
     Raises:
         StoreError: Stored data is corrupt.
