@@ -56,7 +56,7 @@ from cloud.rollout.events import (
     Targets,
     Tick,
 )
-from cloud.rollout.gates import DEVICE_GATES, Verdict
+from cloud.rollout.gates import Verdict
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.rollout.state import Phase, RolloutState
 from cloud.store import Store
@@ -441,7 +441,7 @@ class RolloutLoop:
         # never missed.
         reread = last is not None and not 0 <= now - last.rows_read_ms < REREAD_MS
         # An A/B test exists to set its versions' KPIs side by side: read every pass.
-        judged = plan.ab is not None or any(g.kind not in DEVICE_GATES for g in plan.gates)
+        judged = plan.ab is not None or plan.judges_kpis
         kpis_due = judged or last is None or not 0 <= now - last.kpis_read_ms < KPI_STATUS_MS
         try:
             tally = self._tallies.setdefault(dep_id, KpiTally())

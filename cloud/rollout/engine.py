@@ -50,7 +50,6 @@ from cloud.rollout.events import (
     Tick,
 )
 from cloud.rollout.gates import (
-    DEVICE_GATES,
     GateResult,
     KpiTotals,
     Observations,
@@ -359,9 +358,8 @@ def _stop(
 
 def _run_stages(plan: RolloutPlan, state: RolloutState, out: list[Decision]) -> RolloutState:
     """Move a running rollout along until nothing more changes at its clock."""
-    judges_kpis = any(g.kind not in DEVICE_GATES for g in plan.gates)
     for _ in range(2 * len(state.targets) + 8):  # each change admits a device or moves a stage
-        obs, flying = _scan(plan, state, state.clock_ms, kpis=judges_kpis)
+        obs, flying = _scan(plan, state, state.clock_ms, kpis=plan.judges_kpis)
         results = _judge(plan, state, obs)
         ended = _stop(state, results, out)
         if ended is not None:

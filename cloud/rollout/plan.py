@@ -250,6 +250,11 @@ class RolloutPlan:
         needs = [g.min_samples or 0 for g in self.gates if g.kind in DEVICE_GATES]
         return max([self.min_samples, *needs])
 
+    @property
+    def judges_kpis(self) -> bool:
+        """Whether a gate judges KPIs (accuracy, p95, errors), not only devices."""
+        return any(g.kind not in DEVICE_GATES for g in self.gates)
+
     def in_window(self, now_ms: int) -> bool:
         """Whether devices may be moved at ``now_ms``: inside any window, or always with none."""
         return not self.windows or any(w.contains(now_ms) for w in self.windows)

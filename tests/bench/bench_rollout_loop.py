@@ -88,14 +88,18 @@ def build_fleet(store: Store, devices: int, windows: int, now_ms: int) -> list[s
     for w in range(windows):
         end = now_ms - (windows - w) * 60_000
         for i, device in enumerate(fleet):
-            record = TelemetryRecord(
-                "face", "1.0.0", 60, 30, 27, 4.0, 11.0, end - 60_000, end, received_ms=end,
-                latency_p95_ms=8.0 + i % 5,
-            )  # fmt: skip
-            rows.append((f"{device}-{w}", device, record))
+            rows.append((f"{device}-{w}", device, _minute("1.0.0", end, 8.0 + i % 5)))
     for start in track(range(0, len(rows), BATCH), description="telemetry", console=console):
         store.add_telemetry_many(rows[start : start + BATCH])
     return fleet
+
+
+def _minute(version: str, end_ms: int, p95_ms: float) -> TelemetryRecord:
+    """A minute's telemetry window of ``version``: 60 inferences, 30 labelled, 27 right."""
+    return TelemetryRecord(
+        "face", version, 60, 30, 27, 4.0, 11.0, end_ms - 60_000, end_ms, received_ms=end_ms,
+        latency_p95_ms=p95_ms,
+    )  # fmt: skip
 
 
 def _arriving(
@@ -106,11 +110,7 @@ def _arriving(
     for k in range(first, first + count):
         device = fleet[k % len(fleet)]
         version = "2.0.0" if device in reported else "1.0.0"
-        record = TelemetryRecord(
-            "face", version, 60, 30, 27, 4.0, 11.0, now_ms - 60_000, now_ms, received_ms=now_ms,
-            latency_p95_ms=8.0,
-        )  # fmt: skip
-        rows.append((f"{device}-live-{k}", device, record))
+        rows.append((f"{device}-live-{k}", device, _minute(version, now_ms, 8.0)))
     return rows
 
 

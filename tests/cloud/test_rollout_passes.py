@@ -17,7 +17,7 @@ from cloud.rollout.events import DeviceOutcome, DevicePresence, Event
 from cloud.rollout.plan import RolloutPlan, plan_from_dict
 from cloud.rollout.state import RolloutState
 from cloud.rollout_loop import RolloutLoop
-from cloud.store import Store, TelemetryRecord
+from cloud.store import Store
 from cloud.store.rollouts import RolloutRecord, RolloutUpdate
 from tests.cloud.test_rollout_store import (
     CANARY,
@@ -27,6 +27,7 @@ from tests.cloud.test_rollout_store import (
     fleet_on_v1,
     report,
     step,
+    window,
 )
 
 #: The canary, then the rest once the canary ran and half a minute passed.
@@ -163,13 +164,6 @@ def test_a_read_against_the_last_read_equals_a_full_read(
     assert (again.targets, again.reports) == (full.targets, full.reports)
 
 
-def _window(device: str, version: str, at: int, n: int) -> tuple[str, TelemetryRecord]:
-    record = TelemetryRecord(
-        "face", version, n, n, n - 1, 2.0, 9.0, at - 500, at, received_ms=at, latency_p95_ms=5.0
-    )
-    return f"{device}-{version}-{at}", record
-
-
 def _inferences(store: Store, dep_id: int) -> int:
     state = RolloutState.from_json(store.rollouts_of([dep_id])[dep_id].state)
     return sum(w.inferences for w in state.kpis.values())
@@ -187,7 +181,7 @@ def test_kpis_no_gate_judges_are_read_every_few_seconds_not_every_pass(
     loop = RolloutLoop(store, clock=clock)
     step(loop, clock)  # the first pass reads everything
     assert _inferences(store, dep.id) == 0
-    store.add_telemetry_batch("cam-00", [_window("cam-00", "1.0.0", clock.now, 10)])
+    store.add_telemetry_batch("cam-00", [window("cam-00", "1.0.0", clock.now, 10, 5.0)])
     step(loop, clock)
     # Shown only, the totals wait up to KPI_STATUS_MS; judged, they are read at once.
     assert _inferences(store, dep.id) == (10 if judged else 0)
@@ -195,7 +189,7 @@ def test_kpis_no_gate_judges_are_read_every_few_seconds_not_every_pass(
     loop.pass_once()
     assert _inferences(store, dep.id) == 10
     # The targets changed: the totals are read with them, due or not.
-    store.add_telemetry_batch("cam-01", [_window("cam-01", "1.0.0", clock.now, 7)])
+    store.add_telemetry_batch("cam-01", [window("cam-01", "1.0.0", clock.now, 7, 5.0)])
     store.set_device_labels("cam-19", {"kind": "doorbell"})
     step(loop, clock)
     assert _inferences(store, dep.id) == 17
