@@ -8,7 +8,6 @@ statuses.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from cloud.errors import HubError
 from cloud.presence import heartbeat_seconds
 from cloud.rollout import parse_strategy
 from cloud.service import FleetService
-from cloud.service.deployments import DeploymentService
+from cloud.service.deployments import build_plan
 from cloud.service.views import DeviceView
 from edgeskill.processes import Fleet, stop_strays, usage
 from edgeskill.sim.hubside import (
@@ -79,11 +78,11 @@ class SimFailedError(Exception):
 
 def check_deploy_options(settings: SimSettings) -> None:
     """Refuse an unknown ``--strategy``, a heartbeat the hub refuses, or a ``--plan``
-    where deployments take none yet.
+    the hub's deployments would refuse, before anything starts.
 
     Raises:
         SimSettingsError: the strategy is unknown, the heartbeat out of range, or
-            ``settings.plan`` is set and deployments have no ``plan``.
+            the plan (with ``--strategy`` over it) is not one a deployment takes.
     """
     try:
         parse_strategy(settings.strategy)
@@ -93,8 +92,20 @@ def check_deploy_options(settings: SimSettings) -> None:
         heartbeat_seconds(settings.heartbeat_s)
     except HubError as exc:
         raise SimSettingsError(f"--heartbeat: {exc}") from None
-    if settings.plan and "plan" not in inspect.signature(DeploymentService.create).parameters:
-        raise SimSettingsError("--plan: this hub's deployments do not take a rollout plan yet")
+    try:
+        build_plan(**_staged_options(settings))
+    except HubError as exc:
+        raise SimSettingsError(f"--plan: {exc}") from None
+
+
+def _staged_options(settings: SimSettings) -> dict[str, Any]:
+    """What a staged deployment passes the hub: the plan, and the strategy over it when asked."""
+    options: dict[str, Any] = {}
+    if settings.plan:
+        options["plan"] = settings.plan
+    if not settings.plan or settings.strategy != "all-at-once":
+        options["strategy"] = settings.strategy
+    return options
 
 
 @dataclass
@@ -398,12 +409,7 @@ def _deploy(run: _Run, live: Live, version: str, *, first: bool) -> _Deployed:
     shows the end: every device on ``version`` (or failed it) when it completed,
     none on it and every device running again when it was rolled back or aborted.
     """
-    kwargs: dict[str, Any] = {}
-    if not first:
-        if run.settings.plan:
-            kwargs["plan"] = run.settings.plan
-        if not run.settings.plan or run.settings.strategy != "all-at-once":
-            kwargs["strategy"] = run.settings.strategy  # over the plan's only when asked
+    kwargs = {} if first else _staged_options(run.settings)
     dep = run.service.deployments.create(SKILL, version, GROUP, **kwargs)
     staged = not first and (run.settings.strategy != "all-at-once" or bool(run.settings.plan))
     started, wall_started = time.monotonic(), time.time()
