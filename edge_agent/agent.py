@@ -129,6 +129,10 @@ class Agent:
         refresh_metadata: Refreshes the TUF metadata without fetching a target (blocking;
             raises TrustError when the hub's metadata is expired, rolled back or badly
             signed); run every ``config.metadata_refresh_s``. None: no periodic refresh.
+        metadata_age: Seconds since the metadata chain last verified, by a refresh or a
+            download (``TrustClient.verified_age_s``; None: never). The periodic refresh
+            counts from then, so a fleet that just installed does not refresh again at
+            once. None: it counts from its own last refresh.
         offer_metadata: Keeps the TUF metadata the hub sends beside a desired state for
             the next ``fetch_target`` (``TrustClient.offer``). None: offers are ignored.
     """
@@ -147,6 +151,7 @@ class Agent:
         source: Source | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_metadata: Callable[[], object] | None = None,
+        metadata_age: Callable[[], float | None] | None = None,
         offer_metadata: Callable[[MetadataOffer], object] | None = None,
     ) -> None:
         self.config = config
@@ -178,6 +183,7 @@ class Agent:
         #: Refusals and containments, counted and reported up.
         self.security = SecurityEvents()
         self._refresh_metadata = refresh_metadata
+        self._metadata_age = metadata_age
         self._offer_metadata = offer_metadata
         self._wake_events = asyncio.Event()
         self.heartbeat_s = 5.0
@@ -402,12 +408,19 @@ class Agent:
             return
         # The first refresh runs as soon as a session is up, so a trusted root that does
         # not fit this hub is reported (and logged, once) at start, not at the first install.
-        wait = min(_FIRST_REFRESH_POLL_S, self.config.metadata_refresh_s)
+        every = self.config.metadata_refresh_s
+        wait = min(_FIRST_REFRESH_POLL_S, every)
         while True:
             await asyncio.sleep(wait)
             if self.transport is None:
                 continue  # offline: nothing to compare with
-            wait = self.config.metadata_refresh_s
+            age = self._metadata_age() if self._metadata_age is not None else None
+            if age is not None and 0 <= age < every:
+                # A download verified the chain since: the next refresh is due a period
+                # after it (a fleet in the middle of an upgrade would refresh for nothing).
+                wait = every - age
+                continue
+            wait = every
             try:
                 await asyncio.to_thread(refresh)
             except TrustError as exc:

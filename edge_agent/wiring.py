@@ -248,5 +248,6 @@ def build_agent(
         link=link,
         source=source,
         refresh_metadata=trust.refresh,
+        metadata_age=trust.verified_age_s,
         offer_metadata=trust.offer,
     )

@@ -197,8 +197,9 @@ class SimulatedSkillProcess:
                 raises on (the process serves on).
             SandboxError: the simulated process crashed or was stopped.
         """
-        if not self.alive:
-            raise SandboxError(f"{self.manifest.name} {self.manifest.version}: simulated crash")
+        if not self.alive:  # stopped (an upgrade, a removal) or crashed: say which
+            why = "stopped" if self._stopped else "simulated crash"
+            raise SandboxError(f"{self.manifest.name} {self.manifest.version}: {why}")
         if self._spec.error_rate and self._rng.random() < self._spec.error_rate:
             self._stats.error(self.manifest.version)
             raise SkillItemError(f"{self.manifest.name} {self.manifest.version}: simulated error")

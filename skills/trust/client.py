@@ -99,6 +99,8 @@ class TrustClient:
         self._bootstrap = trusted_root
         self._lock = threading.Lock()
         self._verified: Verified | None = None
+        #: When (monotonic s) a refresh, with or without a download, last verified the chain.
+        self._verified_at: float | None = None
         #: The hub's last offer (see :meth:`offer`) and when it came.
         self._offered: tuple[MetadataOffer, float] | None = None
         #: The root version of the offer the running download was handed.
@@ -189,6 +191,15 @@ class TrustClient:
             except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
                 raise _translate("metadata", exc, first_contact=self._first_contact()) from exc
 
+    def verified_age_s(self) -> float | None:
+        """Seconds since a refresh last verified the hub's metadata chain (None: never).
+
+        A download verifies the chain as the periodic :meth:`refresh` does, so an
+        agent that just installed a bundle need not refresh again for a while.
+        """
+        at = self._verified_at
+        return None if at is None else time.monotonic() - at
+
     def _first_contact(self) -> bool:
         """True until the hub's timestamp has verified once against the trusted root."""
         return not (self._metadata_dir / "timestamp.json").exists()
@@ -231,7 +242,7 @@ class TrustClient:
             self._offer_root = offer.root_version
         try:
             if kept is not None and self._unchanged(kept, target):
-                self._verified = kept
+                self._verified, self._verified_at = kept, time.monotonic()
                 return kept.updater
             loads = kept.loads.next() if kept is not None else VerifiedLoads()
             updater = self._updater()
@@ -240,6 +251,7 @@ class TrustClient:
             self._ask_ahead(updater._trusted_set.root.version)
             loads.install(updater)
             updater.refresh()
+            self._verified_at = time.monotonic()
             disk = disk_mark(self._metadata_dir)
             timestamp = self._fetcher.last_timestamp
             if disk is not None and timestamp is not None:

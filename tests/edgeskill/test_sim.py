@@ -378,6 +378,10 @@ def test_simulated_skill_crashes_at_its_drawn_time_and_counts_it_once() -> None:
     stopped = SimulatedSkillProcess(_manifest("1.0.0"), VersionSpec(), 1.0, stats, random.Random())
     stopped.stop()
     assert not stopped.alive and stopped.kill_reason is None
+    # An upgrade stops the old version: its last input says so, not that it crashed.
+    with pytest.raises(SandboxError, match=r"1\.0\.0: stopped$"):
+        stopped.process(synthetic_source(1).item(0)[0])
+    assert stats.crashes == 1
 
 
 def test_simulated_launcher_fails_the_health_check_of_the_versions_drawn_for_the_device(

@@ -1,0 +1,63 @@
+"""The agent's periodic TUF refresh counts from the chain's last verification.
+
+A download verifies the hub's metadata chain as a refresh does, so a device that
+has just installed (a fleet in the middle of an upgrade) is not due a refresh
+until a whole period after that download; one that has not verified for a
+period refreshes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import cast
+
+from edge_agent.config import AgentConfig
+from edge_agent.transport import AgentTransport
+from edge_agent.wiring import build_agent
+from skills.trust import TrustRepository
+from tests.fakes.fake_launcher import PROFILE, FakeLauncher
+from tests.support import async_wait_until
+
+
+def test_the_refresh_waits_a_period_from_the_last_verification_whoever_made_it(
+    tmp_path: Path,
+) -> None:
+    TrustRepository.init(tmp_path / "trust")
+    config = AgentConfig(
+        "grpc://127.0.0.1:9",
+        "cam-1",
+        tmp_path / "agent",
+        trusted_root=tmp_path / "trust" / "metadata" / "root.json",
+        metadata_refresh_s=0.3,
+    )
+    agent = build_agent(config, PROFILE, launcher=FakeLauncher())
+    refreshes: list[float] = []
+    asked: list[float] = []
+    age: list[float | None] = [0.0]  # the chain as a download just left it
+
+    def metadata_age() -> float | None:
+        asked.append(age[0] or 0.0)
+        return age[0]
+
+    agent._refresh_metadata = lambda: refreshes.append(1.0)
+    agent._metadata_age = metadata_age
+    agent.link.transport = cast(AgentTransport, object())  # a session is up
+
+    async def scenario() -> None:
+        task = asyncio.create_task(agent._refresh_loop())
+        try:
+            # Downloads keep verifying the chain: the loop looks, and refreshes nothing.
+            await async_wait_until(lambda: len(asked) >= 4, 10, "the loop to look 4 times")
+            assert refreshes == []
+            age[0] = config.metadata_refresh_s  # a whole period since the last download
+            await async_wait_until(lambda: len(refreshes) >= 1, 10, "a refresh")
+            age[0] = None  # never verified (a failed first refresh): due as well
+            await async_wait_until(lambda: len(refreshes) >= 2, 10, "another refresh")
+        finally:
+            task.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        agent.outbox.close()
