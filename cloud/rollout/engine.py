@@ -152,20 +152,24 @@ def _scan(
     timeout_ms = plan.install_timeout_s * 1000
     flying: set[str] = set()
     finished = failed = ran = unhealthy = offline = 0
+    # Bound once: this loop walks every admitted device, twice a pass at 10,000 devices.
+    outcome_of, presence_of, ran_of = state.outcomes.get, state.presence.get, state.ran.get
+    targets, bad, never = state.targets, _BAD, frozenset[str]()
     for device, adm in state.admitted.items():
-        fact = state.outcomes.get(device)
+        fact = outcome_of(device)
         status = fact[2] if fact is not None and fact[1] == adm.version else None
         if status is None and adm.previous == adm.version:
             status = "running"  # it already ran this version
         if status is None and now - adm.at_ms < timeout_ms:
-            if device in state.targets:
+            if device in targets:
                 flying.add(device)
-        elif status is None or (status in _BAD and adm.version not in state.ran.get(device, ())):
+        elif status is None or (status in bad and adm.version not in ran_of(device, never)):
             finished, failed = finished + 1, failed + 1  # failed, or timed out, before running
         else:
-            finished, ran, unhealthy = finished + 1, ran + 1, unhealthy + (status in _BAD)
-        seen = state.presence.get(device)
-        offline += seen is not None and not seen[1] and seen[0] >= adm.at_ms
+            finished, ran, unhealthy = finished + 1, ran + 1, unhealthy + (status in bad)
+        seen = presence_of(device)
+        if seen is not None and not seen[1] and seen[0] >= adm.at_ms:
+            offline += 1
     cand, base = _kpis(plan, state) if kpis else (KpiTotals(), KpiTotals())
     obs = Observations(
         len(state.targets),
