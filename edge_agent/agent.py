@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -69,6 +70,10 @@ _WORKLOAD_RECHECK_S = 5.0
 _FIRST_BACKOFF_S = 0.2
 #: How often the first metadata refresh looks for a session to run on.
 _FIRST_REFRESH_POLL_S = 0.5
+#: Share of a reconnect wait, and of a refresh period, drawn off at random per device, so a
+#: fleet that lost its hub, or booted, together does not come back in lockstep.
+_RECONNECT_JITTER = 0.5
+_REFRESH_JITTER = 0.1
 #: Security events of one kind and reason go up at most once per window (with a count).
 _EVENT_WINDOW_S = 1.0
 #: Seconds the agent's modules get to end once cancelled.
@@ -76,6 +81,11 @@ _STOP_GRACE_S = 10.0
 #: Drift samples are optional: none join an outbox already this full (a hub not acking,
 #: a long outage), so they never take the place of telemetry in it.
 _SAMPLES_BACKLOG = 100
+
+
+def jittered(seconds: float, spread: float, rng: random.Random) -> float:
+    """``seconds`` less a random share of it of up to ``spread``: never longer."""
+    return seconds * (1.0 - spread * rng.random())
 
 
 async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
@@ -184,6 +194,8 @@ class Agent:
         self.security = SecurityEvents()
         self._refresh_metadata = refresh_metadata
         self._metadata_age = metadata_age
+        #: Draws of the reconnect and refresh waits (see :func:`jittered`).
+        self._rng = random.Random()
         self._offer_metadata = offer_metadata
         self._wake_events = asyncio.Event()
         self.heartbeat_s = 5.0
@@ -303,12 +315,13 @@ class Agent:
 
         Each failed attempt or lost session is one log line (its traceback only at
         debug level); the wait doubles up to ``config.max_backoff_s`` and starts
-        afresh after a session that connected.
+        afresh after a session that connected, less up to half of it drawn at random.
         """
         backoff = _FIRST_BACKOFF_S
         while True:
             transport: AgentTransport | None = None
             connected = False
+            pause = backoff
             try:
                 transport = self._open_transport()
                 await transport.connect(self._register())
@@ -325,12 +338,13 @@ class Agent:
                 what = "hub connection lost" if connected else "cannot connect to the hub"
                 error = group.exceptions[0]
                 trace = error if log.isEnabledFor(logging.DEBUG) else None
-                log.info("%s: %s; trying again in %.1f s", what, error, backoff, exc_info=trace)
+                pause = jittered(backoff, _RECONNECT_JITTER, self._rng)
+                log.info("%s: %s; trying again in %.1f s", what, error, pause, exc_info=trace)
             finally:
                 self.link.detach()
                 if transport is not None:
                     await transport.close()
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(pause)
             backoff = min(self.config.max_backoff_s, backoff * 2)
 
     async def _receive(self, transport: AgentTransport) -> None:
@@ -420,7 +434,7 @@ class Agent:
                 # after it (a fleet in the middle of an upgrade would refresh for nothing).
                 wait = every - age
                 continue
-            wait = every
+            wait = jittered(every, _REFRESH_JITTER, self._rng)
             try:
                 await asyncio.to_thread(refresh)
             except TrustError as exc:

@@ -44,7 +44,8 @@ class AgentConfig:
             ``grpcs://`` hub's port plus one.
         renew_check_s: how often the agent checks whether its certificate needs renewing.
         metadata_refresh_s: how often the agent refreshes its TUF metadata while nothing is
-            deployed, so that a frozen or replaying hub is noticed and reported.
+            deployed, so that a frozen or replaying hub is noticed and reported; counted
+            from the chain's last verification, a download's included.
         skill_limits: the device owner's caps for every skill; manifests can only lower them.
         drift_sample_caps: the device owner's caps on the drift samples of each skill
             version per telemetry window (``max_count=0``: none leave this device); a

@@ -1,4 +1,5 @@
-"""The agent's periodic TUF refresh counts from the chain's last verification.
+"""The agent's periodic TUF refresh counts from the chain's last verification, and its
+waits (the refresh period, the reconnect backoff) are drawn short of their bound.
 
 A download verifies the hub's metadata chain as a refresh does, so a device that
 has just installed (a fleet in the middle of an upgrade) is not due a refresh
@@ -9,9 +10,11 @@ period refreshes at once.
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import cast
 
+from edge_agent.agent import jittered
 from edge_agent.config import AgentConfig
 from edge_agent.transport import AgentTransport
 from edge_agent.wiring import build_agent
@@ -61,3 +64,35 @@ def test_the_refresh_waits_a_period_from_the_last_verification_whoever_made_it(
         asyncio.run(scenario())
     finally:
         agent.outbox.close()
+
+
+def test_waits_are_drawn_short_of_their_bound_and_differ_between_devices(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(7)
+    draws = [jittered(300.0, 0.1, rng) for _ in range(2000)]
+    assert all(270.0 <= d <= 300.0 for d in draws)  # never longer than the period
+    assert min(draws) < 273.0 and max(draws) > 297.0  # spread over all of the share
+    backoffs = [jittered(8.0, 0.5, rng) for _ in range(2000)]
+    assert all(4.0 <= b <= 8.0 for b in backoffs) and max(backoffs) - min(backoffs) > 3.5
+    # Each agent draws its own: a fleet that lost its hub together comes back spread out.
+    TrustRepository.init(tmp_path / "trust")
+    agents = [
+        build_agent(
+            AgentConfig(
+                "grpc://127.0.0.1:9",
+                f"cam-{i}",
+                tmp_path / f"agent-{i}",
+                trusted_root=tmp_path / "trust" / "metadata" / "root.json",
+            ),
+            PROFILE,
+            launcher=FakeLauncher(),
+        )
+        for i in range(2)
+    ]
+    try:
+        first, second = (jittered(8.0, 0.5, a._rng) for a in agents)
+        assert first != second
+    finally:
+        for agent in agents:
+            agent.outbox.close()
