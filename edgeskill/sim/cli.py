@@ -86,6 +86,13 @@ def sim(
     ] = 0.0,
     rate: Annotated[float, typer.Option(help="Inputs per second per device.")] = 2.0,
     telemetry_window: Annotated[float, typer.Option(help="Seconds per telemetry window.")] = 2.0,
+    metadata_refresh: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="How often each agent refreshes its TUF metadata, from its last verification.",
+        ),
+    ] = 300.0,
     heartbeat: Annotated[
         int,
         typer.Option(
@@ -152,6 +159,7 @@ def sim(
             slow_link_ms=slow_link_ms,
             rate_hz=rate,
             telemetry_window_s=telemetry_window,
+            metadata_refresh_s=metadata_refresh,
             heartbeat_s=heartbeat,
             seed=seed,
             connect_timeout_s=connect_timeout,

@@ -105,6 +105,8 @@ class SimSettings:
     rate_hz: float = 2.0
     telemetry_window_s: float = 2.0
     heartbeat_s: int = 5
+    #: How often each agent refreshes its TUF metadata (its ``metadata_refresh_s``).
+    metadata_refresh_s: float = 300.0
     seed: int = 0
     connect_timeout_s: float = 120.0
     converge_timeout_s: float = 120.0
@@ -204,6 +206,7 @@ def _check_rates(s: SimSettings) -> None:
         ("--telemetry-window", s.telemetry_window_s),
         ("--connect-timeout", s.connect_timeout_s),
         ("--converge-timeout", s.converge_timeout_s),
+        ("--metadata-refresh", s.metadata_refresh_s),
     ):
         if not math.isfinite(value) or value <= 0:
             raise SimSettingsError(f"{name} {value}: a number above 0")

@@ -362,6 +362,7 @@ def _start_workers(
             slow_link_ms=settings.slow_link_ms,
             rate_hz=settings.rate_hz,
             telemetry_window_s=settings.telemetry_window_s,
+            metadata_refresh_s=settings.metadata_refresh_s,
             seed=settings.seed,
         )
         path = work / f"worker-{i}.json"

@@ -72,6 +72,7 @@ class WorkerSpec:
     slow_link_ms: float = 0.0
     rate_hz: float = 2.0
     telemetry_window_s: float = 2.0
+    metadata_refresh_s: float = 300.0
     seed: int = 0
 
     def to_json(self) -> str:
@@ -150,6 +151,7 @@ def _config(spec: WorkerSpec, index: int, device: DevicePlan, token: str | None)
         source_loop=True,
         source_rate_hz=spec.rate_hz,
         telemetry_window_s=spec.telemetry_window_s,
+        metadata_refresh_s=spec.metadata_refresh_s,
         insecure=spec.insecure,
         tls_ca=None if spec.insecure else spec.hub_ca,
         claim_token=token,

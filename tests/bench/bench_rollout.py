@@ -76,6 +76,7 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
     argv += ["--heartbeat", str(args.heartbeat), "--json", str(out)]
     argv += ["--connect-timeout", str(args.timeout), "--converge-timeout", str(args.timeout)]
     argv += ["--workdir", str(work / transport), "--soak", str(args.soak)]
+    argv += ["--metadata-refresh", str(args.metadata_refresh)]
     if args.plan is not None:
         argv += ["--plan", args.plan.read_text(encoding="utf-8")]
     if transport == "mqtt":
@@ -211,6 +212,13 @@ def main() -> None:
     # usual keepalive: 60 s); the hub's default of 5 s suits a handful of devices.
     parser.add_argument("--heartbeat", type=int, default=30, help="the hub's heartbeat, s")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
+    # Each agent refreshes its TUF metadata this long after its last download or refresh.
+    # The fleet's first install is a few minutes before the upgrade, so at 300 s no
+    # refresh falls inside it; a shorter period brings the steady refreshes of a fleet
+    # idle for longer into the upgrade (10,000 devices at 300 s: about 35 a second).
+    parser.add_argument(
+        "--metadata-refresh", type=float, default=300.0, help="the agents' refresh, s"
+    )
     parser.add_argument(
         "--soak", type=float, default=20.0, help="seconds idle after the upgrade, measured"
     )

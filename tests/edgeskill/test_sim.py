@@ -291,6 +291,7 @@ def test_sim_stopped_with_sigterm_stops_its_hub_and_workers(tmp_path: Path) -> N
         (["--devices", "5", "--transport", "mqtt", "--insecure"], "--mqtt-url"),
         (["--devices", "5", "--strategy", "yolo"], "yolo"),
         (["--devices", "5", "--heartbeat", "301"], "--heartbeat"),
+        (["--devices", "5", "--metadata-refresh", "0"], "--metadata-refresh"),
         # A path where the plan's TOML text goes, and a plan the hub refuses.
         (["--devices", "5", "--plan", "tests/bench/rollout_rolling.toml"], "not valid TOML"),
         (["--devices", "5", "--plan", 'strategy = "rolling"\nmax_in_flight = 0'], "--plan"),
