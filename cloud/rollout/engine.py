@@ -154,7 +154,7 @@ def _scan(
     finished = failed = ran = unhealthy = offline = 0
     # Bound once: this loop walks every admitted device, twice a pass at 10,000 devices.
     outcome_of, presence_of, ran_of = state.outcomes.get, state.presence.get, state.ran.get
-    targets, bad, never = state.targets, _BAD, frozenset[str]()
+    targets, bad = state.targets, _BAD
     for device, adm in state.admitted.items():
         fact = outcome_of(device)
         status = fact[2] if fact is not None and fact[1] == adm.version else None
@@ -163,7 +163,7 @@ def _scan(
         if status is None and now - adm.at_ms < timeout_ms:
             if device in targets:
                 flying.add(device)
-        elif status is None or (status in bad and adm.version not in ran_of(device, never)):
+        elif status is None or (status in bad and adm.version not in ran_of(device, ())):
             finished, failed = finished + 1, failed + 1  # failed, or timed out, before running
         else:
             finished, ran, unhealthy = finished + 1, ran + 1, unhealthy + (status in bad)

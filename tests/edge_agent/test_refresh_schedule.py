@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import cast
 
-from edge_agent.agent import jittered
+from edge_agent.agent import Agent, jittered
 from edge_agent.config import AgentConfig
 from edge_agent.transport import AgentTransport
 from edge_agent.wiring import build_agent
@@ -23,18 +23,26 @@ from tests.fakes.fake_launcher import PROFILE, FakeLauncher
 from tests.support import async_wait_until
 
 
+def _agent(tmp_path: Path, device: str, refresh_s: float = 300.0) -> Agent:
+    """An agent of ``device`` trusting a repository in ``tmp_path`` (made once)."""
+    root = tmp_path / "trust" / "metadata" / "root.json"
+    if not root.exists():
+        TrustRepository.init(tmp_path / "trust")
+    settings = AgentConfig(
+        "grpc://127.0.0.1:9",
+        device,
+        tmp_path / device,
+        trusted_root=root,
+        metadata_refresh_s=refresh_s,
+    )
+    return build_agent(settings, PROFILE, launcher=FakeLauncher())
+
+
 def test_the_refresh_waits_a_period_from_the_last_verification_whoever_made_it(
     tmp_path: Path,
 ) -> None:
-    TrustRepository.init(tmp_path / "trust")
-    config = AgentConfig(
-        "grpc://127.0.0.1:9",
-        "cam-1",
-        tmp_path / "agent",
-        trusted_root=tmp_path / "trust" / "metadata" / "root.json",
-        metadata_refresh_s=0.3,
-    )
-    agent = build_agent(config, PROFILE, launcher=FakeLauncher())
+    agent = _agent(tmp_path, "cam-1", refresh_s=0.3)
+    every = agent.config.metadata_refresh_s
     refreshes: list[float] = []
     asked: list[float] = []
     age: list[float | None] = [0.0]  # the chain as a download just left it
@@ -53,7 +61,7 @@ def test_the_refresh_waits_a_period_from_the_last_verification_whoever_made_it(
             # Downloads keep verifying the chain: the loop looks, and refreshes nothing.
             await async_wait_until(lambda: len(asked) >= 4, 10, "the loop to look 4 times")
             assert refreshes == []
-            age[0] = config.metadata_refresh_s  # a whole period since the last download
+            age[0] = every  # a whole period since the last download
             await async_wait_until(lambda: len(refreshes) >= 1, 10, "a refresh")
             age[0] = None  # never verified (a failed first refresh): due as well
             await async_wait_until(lambda: len(refreshes) >= 2, 10, "another refresh")
@@ -76,20 +84,7 @@ def test_waits_are_drawn_short_of_their_bound_and_differ_between_devices(
     backoffs = [jittered(8.0, 0.5, rng) for _ in range(2000)]
     assert all(4.0 <= b <= 8.0 for b in backoffs) and max(backoffs) - min(backoffs) > 3.5
     # Each agent draws its own: a fleet that lost its hub together comes back spread out.
-    TrustRepository.init(tmp_path / "trust")
-    agents = [
-        build_agent(
-            AgentConfig(
-                "grpc://127.0.0.1:9",
-                f"cam-{i}",
-                tmp_path / f"agent-{i}",
-                trusted_root=tmp_path / "trust" / "metadata" / "root.json",
-            ),
-            PROFILE,
-            launcher=FakeLauncher(),
-        )
-        for i in range(2)
-    ]
+    agents = [_agent(tmp_path, f"cam-{i}") for i in range(2)]
     try:
         first, second = (jittered(8.0, 0.5, a._rng) for a in agents)
         assert first != second
