@@ -533,7 +533,9 @@ class Agent:
                 await asyncio.to_thread(self.outbox.ack, [entry.msg_id])
                 continue
             await transport.send(env)
-            self._in_flight[entry.msg_id] = now
+            # Its ack is overdue a timeout after it went, not after the pass began: a pass
+            # that waited on earlier sends would otherwise send it again a little early.
+            self._in_flight[entry.msg_id] = self._clock()
 
     # -- reconcile --------------------------------------------------------------
 
