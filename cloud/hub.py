@@ -275,6 +275,7 @@ class Hub:
             leader_only=True,
         )
         rollouts = RolloutLoop(self.store, on_write=core.notifier.nudge)
+        core.on_settled = rollouts.heard
         host.add("rollouts", rollouts.factory(), leader_only=True)
         host.add("drift", self._drift_loop(drift_tick_s), leader_only=True)
         host.add("metering", MeteringLoop(self.store).factory(), leader_only=True)

@@ -30,7 +30,7 @@ from cloud.fetch_serving import fetch_error_code, open_repository_file
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
-from cloud.store import Store
+from cloud.store import SkillStatusRecord, Store
 from cloud.store.drift import KEEP_SAMPLES
 from cloud.store.events import EVENT_DEVICE, EVENT_SECURITY, NewEvent
 from cloud.store.state import ReportItem
@@ -103,6 +103,13 @@ class HubLimits:
     #: Caps on one drift-sample envelope, and the samples kept per skill version.
     drift_samples: SampleCaps = DEFAULT_SAMPLE_CAPS
     drift_samples_kept: int = KEEP_SAMPLES
+
+
+def _settled(status: SkillStatusRecord) -> bool:
+    """Whether a reported skill is where it goes: running what it was sent, or failed."""
+    if status.state == "running":
+        return not status.desired_version or status.version == status.desired_version
+    return status.state in ("failed", "rolled_back")
 
 
 def check_device_id(device_id: str) -> str:
@@ -196,6 +203,9 @@ class HubCore:
         self._closing = False
         #: Split and joint inference: tails from the signed bundles devices are entitled to.
         self.tails = TailServer(trust, self.tail_target, tails)
+        #: Called (on the event loop) with 1 for each stored report in which a skill
+        #: settled: the leader's rollout loop starts its next pass sooner.
+        self.on_settled: Callable[[int], None] | None = None
 
     def loops(self) -> list[Loop]:
         """The coroutines every hub process must keep running while it serves devices.
@@ -414,7 +424,10 @@ class HubCore:
                     f"report lists more than {self.limits.max_skills_reported} skills"
                 )
             statuses = skill_status_records(report)
-            await self.reports.submit_item((device_id, report.generation, statuses, made_ms))
+            item = (device_id, report.generation, statuses, made_ms)
+            stored = await self.reports.submit_item(item)
+            if stored and self.on_settled is not None and any(map(_settled, statuses)):
+                self.on_settled(1)
         elif kind == "telemetry":
             record = telemetry_record(env.telemetry)
             # Acked only after the batch holding it committed (end-to-end ack).

@@ -29,6 +29,7 @@ nothing) read every :data:`KPI_STATUS_MS`, not every pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -367,22 +368,58 @@ class RolloutLoop:
         #: Whether the last pass drove a rolling rollout still under way.
         self.rolling = False
         self._rolling_seen = False  # the same, for the pass being run
+        self._places = 0  # the places of the rolling rollouts the pass being run drove
         #: Each driven rollout's KPI totals, read on pass after pass (a new leader sums once).
         self._tallies: dict[int, KpiTally] = {}
         #: Each driven rollout's last pass, if it ended well: the next one diffs against it.
         self._last: dict[int, LastPass] = {}
         #: Each driven rollout as its last pass left it stored: its state is not read again.
         self._held: dict[int, RolloutRecord] = {}
+        #: Settled reports heard (:meth:`heard`) since the last pass began reading.
+        self._heard = 0
+        #: How many of them make the next pass worth running before its pause ends: half
+        #: the places of the rolling rollouts under way (0: none under way, wait the pause).
+        self._wake_at = 0
+        self._wake: asyncio.Event | None = None
 
     def factory(self) -> LoopFactory:
         """The loop for :class:`cloud.loops.LoopHost` (register it leader-only)."""
 
         async def run() -> None:
-            while True:
-                await asyncio.to_thread(self.pass_once)
-                await asyncio.sleep(self.pause_s)
+            self._wake = wake = asyncio.Event()
+            try:
+                while True:
+                    wake.clear()
+                    self._heard = 0  # the pass reads what was stored before it starts
+                    await asyncio.to_thread(self.pass_once)
+                    if self._wake_at and self._heard >= self._wake_at:
+                        continue  # freed places are waiting already
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), self.pause_s)
+            finally:
+                self._wake = None
 
         return run
+
+    def heard(self, settled: int = 1) -> None:
+        """Count reports of devices that settled (running what they were sent, or failed).
+
+        The hub calls it, on its event loop, as it stores them. While a rolling rollout
+        is under way, the next pass then starts as soon as half its places may be
+        free, not at the end of the pause: a pass reads the reports stored before it,
+        so one that came at the end of a fixed pause found most of the last wave still
+        installing and the one after it found them all, which held every place about
+        two passes (10,000 devices over MQTT). Reports stored by other hub processes
+        wake nothing here; the pause still bounds the wait.
+        """
+        self._heard += settled
+        if self._wake is not None and self._wake_at and self._heard >= self._wake_at:
+            self._wake.set()
+
+    @property
+    def wake_at(self) -> int:
+        """Settled reports after which the next pass starts before its pause ends (0: never)."""
+        return self._wake_at
 
     @property
     def pause_s(self) -> float:
@@ -405,12 +442,14 @@ class RolloutLoop:
             for gone in kept.keys() - ids:
                 del kept[gone]
         self._rolling_seen = False
+        self._places = 0
         for rollout in driven:
             try:
                 stored += self.advance(rollout)
             except ValidationError as exc:
                 log.error("deployment %d: rollout skipped: %s", rollout.deployment.id, exc)
         self.rolling = self._rolling_seen
+        self._wake_at = (self._places + 1) // 2
         if stored and self._on_write is not None:
             self._on_write()
         return stored
@@ -431,7 +470,9 @@ class RolloutLoop:
         last = self._last.pop(dep_id, None)
         self._held.pop(dep_id, None)
         plan = plan_of(rollout)
-        self._rolling_seen |= plan.rolling is not None and rollout.phase != Phase.COMPLETED
+        if plan.rolling is not None and rollout.phase != Phase.COMPLETED:
+            self._rolling_seen = True
+            self._places += plan.rolling.max_in_flight
         now = self._clock()
         # Heartbeats of devices online anyway change no presence before the first
         # device the last read saw online could go quiet: until then its rows stand.

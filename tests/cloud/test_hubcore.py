@@ -230,6 +230,29 @@ def test_a_redelivered_older_report_does_not_hide_a_newer_one(core: HubCore) -> 
     assert rep is not None and (rep.generation, rep.skills[0].version) == (3, "3.0.0")
 
 
+def test_each_stored_report_of_a_settled_skill_tells_the_rollout_loop(core: HubCore) -> None:
+    heard: list[int] = []
+    core.on_settled = heard.append
+    asyncio.run(core.register(register("cam-1")))
+    t = 1_700_000_000_000
+
+    def say(state: str, version: str, wanted: str, at: int) -> None:
+        status = pb.SkillStatus(name="digits", version=version, state=state, desired_version=wanted)
+        env = make_envelope("cam-1", reported=pb.ReportedState(generation=1, skills=[status]))
+        env.sent_at_ms = at
+        asyncio.run(core.handle("cam-1", env))
+
+    say("installing", "1.0.0", "2.0.0", t)  # on its way
+    say("running", "1.0.0", "2.0.0", t + 1)  # still the old version
+    assert heard == []
+    say("running", "2.0.0", "2.0.0", t + 2)
+    say("failed", "1.0.0", "3.0.0", t + 3)
+    say("rolled_back", "1.0.0", "3.0.0", t + 4)
+    assert heard == [1, 1, 1]
+    rep = core.store.reported_for("cam-1")
+    assert rep is not None and rep.skills[0].state == "rolled_back"  # stored before it was told
+
+
 # -- signed desired state (the director) ------------------------------------------------
 
 

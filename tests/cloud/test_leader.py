@@ -22,7 +22,7 @@ from cloud.leader import (
     open_election,
 )
 from tests.cloud.conftest import postgres_schema_url
-from tests.support import async_wait_until
+from tests.support import async_wait_until, in_background
 
 
 class Terms:
@@ -42,13 +42,10 @@ class Terms:
 
 @contextlib.asynccontextmanager
 async def campaigning(election: PostgresElection | ServeLock, terms: Terms) -> AsyncIterator[None]:
-    task = asyncio.create_task(election.campaign(terms))
     try:
-        yield
+        async with in_background(election.campaign(terms)):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         election.close()
 
 

@@ -6,6 +6,8 @@ them; the loop runs one pass at a time on a clock the test sets.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import text
 
@@ -20,6 +22,7 @@ from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRec
 from cloud.store.rollout_facts import KPI_COMMIT_LAG_S, KpiTally
 from cloud.store.rollouts import RolloutUpdate
 from cloud.store.store import open_store
+from tests.support import async_wait_until, in_background
 
 CAMERA = {"kind": "camera"}
 DEVICES = [f"cam-{i:02d}" for i in range(20)]
@@ -240,6 +243,59 @@ def test_only_a_rolling_rollout_under_way_shortens_the_pause(store: Store) -> No
     assert (loop.rolling, loop.pause_s) == (False, ROLLOUT_TICK_S)
     with pytest.raises(ValueError, match="rolling_tick_s"):
         RolloutLoop(store, tick_s=1.0, rolling_tick_s=2.0)
+
+
+class Counted(RolloutLoop):
+    """A rollout loop that counts its passes."""
+
+    passes = 0
+
+    def pass_once(self) -> int:
+        self.passes += 1
+        return super().pass_once()
+
+
+def test_settled_reports_start_a_rolling_pass_once_half_its_places_may_be_free(
+    store: Store,
+) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    plan = plan_from_dict({"strategy": "rolling", "rolling": {"max_in_flight": 4}})
+    store.create_deployment("face", "2.0.0", "cams", plan=plan, now_ms=clock.now)
+    # Pauses a test never waits out: only what it is told starts a pass.
+    loop = Counted(store, clock=clock, tick_s=600.0, rolling_tick_s=600.0)
+
+    async def drive() -> None:
+        async with in_background(loop.factory()()):
+            await async_wait_until(lambda: loop.passes == 1 and loop.rolling, 10, "the first pass")
+            assert loop.wake_at == 2
+            loop.heard(1)  # one of four places: not worth a pass yet
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert loop.passes == 1
+            loop.heard(1)  # half of them
+            await async_wait_until(lambda: loop.passes == 2, 10, "a pass woken by two reports")
+            loop.heard(2)  # heard in one go: the same
+            await async_wait_until(lambda: loop.passes == 3, 10, "a pass woken by two at once")
+
+    asyncio.run(drive())
+
+
+def test_settled_reports_wake_nothing_without_a_rolling_rollout(store: Store) -> None:
+    clock = Clock()
+    fleet_on_v1(store, clock)
+    store.create_deployment("face", "2.0.0", "cams", plan=plan_from_dict(CANARY), now_ms=clock.now)
+    loop = Counted(store, clock=clock, tick_s=600.0, rolling_tick_s=600.0)
+
+    async def drive() -> None:
+        async with in_background(loop.factory()()):
+            await async_wait_until(lambda: loop.passes == 1, 10, "the first pass")
+            loop.heard(100)  # a canary holds: reports wait for the next tick
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert loop.passes == 1 and not loop.rolling and loop.wake_at == 0
+
+    asyncio.run(drive())
 
 
 def test_the_fleet_stop_switch_holds_every_rollout(store: Store) -> None:

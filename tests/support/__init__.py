@@ -8,13 +8,35 @@ The process helpers are the ones the demo uses (:mod:`edgeskill.processes`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from edgeskill.processes import Fleet, agent_args, wait_for_port, wait_until
 from tests.support.ports import free_port
 
-__all__ = ["Fleet", "agent_args", "async_wait_until", "free_port", "wait_for_port", "wait_until"]
+__all__ = [
+    "Fleet",
+    "agent_args",
+    "async_wait_until",
+    "free_port",
+    "in_background",
+    "wait_for_port",
+    "wait_until",
+]
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Awaitable[Any]) -> AsyncIterator[asyncio.Future[Any]]:
+    """Run ``work`` as a task for the block; cancel it and wait for its end afterwards."""
+    task = asyncio.ensure_future(work)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def async_wait_until(
