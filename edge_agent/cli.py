@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from edge_agent import eventloop
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError, TransportError
 from edge_agent.tuf_imports import skip_http_fetcher
@@ -103,7 +104,7 @@ def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]])
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    eventloop.run(runner())
 
 
 def run_command(config: AgentConfig, *, verbose: bool, on_error: Callable[[str], None]) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from edge_agent import eventloop
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError, TransportError
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(spec, stop)
 
-    asyncio.run(runner())
+    eventloop.run(runner())
     return 0
 
 
