@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "SERVER_PORTS",
     "Fleet",
     "Usage",
     "agent_args",
@@ -181,11 +183,61 @@ def find_program(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path=os.pathsep.join(_SBIN))
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
+#: Where :func:`free_port` looks: under Linux's ephemeral range and under the blocks the
+#: test processes draw their own servers' ports from (16000 and up).
+SERVER_PORTS = range(10000, 16000)
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Ports this process handed out: a server started later may still be binding them.
+_handed: set[int] = set()
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now, and the port after it free too.
+
+    A hub listens on the port after its gRPC port for enrolment. Ports come from
+    :data:`SERVER_PORTS`, under the kernel's ephemeral range: one from ``bind(0)``
+    is in that range, where every outgoing connection takes its local port, and a
+    hub restarted on it found its enrolment port taken by an agent's connection
+    (exit 2, "already in use"). Where the ephemeral range starts lower, the kernel
+    picks.
+
+    Raises:
+        OSError: no free pair of ports was found.
+    """
+    low = _ephemeral_low()
+    ports = range(SERVER_PORTS.start, min(SERVER_PORTS.stop, low - 1))
+    if len(ports) >= 2:
+        start = random.randrange(len(ports))
+        for i in range(0, len(ports), 2):
+            port = ports[(start + i) % len(ports)]
+            if {port, port + 1} & _handed or port + 1 >= low:
+                continue
+            if _bindable(port) and _bindable(port + 1):
+                _handed.update((port, port + 1))
+                return port
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port < 65535 and _bindable(port + 1):
+            return port
+    raise OSError("no two adjacent free ports on the loopback interface")
 
 
 def wait_for_port(

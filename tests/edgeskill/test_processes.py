@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from edgeskill.processes import free_port, usage, wait_for_port
+from edgeskill.processes import SERVER_PORTS, free_port, usage, wait_for_port
 
 
 def test_a_child_that_exits_before_listening_is_said_at_once() -> None:
@@ -29,6 +30,18 @@ def test_a_listening_port_returns_and_a_silent_one_times_out() -> None:
         wait_for_port(listener.getsockname()[1], 5)
     with pytest.raises(TimeoutError, match="nothing listens"):
         wait_for_port(free_port(), 0.3)
+
+
+def test_free_ports_lie_under_the_ephemeral_range_with_their_neighbour_free() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(20)]
+    for port in ports:
+        assert port in SERVER_PORTS and port + 1 < low
+        for taken in (port, port + 1):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", taken))  # free: nothing of ours holds it
+    # Each pair handed out once: a hub not yet listening keeps its enrolment port.
+    assert len({p for port in ports for p in (port, port + 1)}) == 2 * len(ports)
 
 
 #: A parent that waits while a child it started spins for half a CPU second, then says
