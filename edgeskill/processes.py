@@ -27,6 +27,7 @@ __all__ = [
     "Fleet",
     "Usage",
     "agent_args",
+    "bindable",
     "find_program",
     "free_port",
     "settle_collector",
@@ -191,7 +192,8 @@ _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _handed: set[int] = set()
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether a socket can bind ``port`` on the loopback interface now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -228,14 +230,14 @@ def free_port() -> int:
             port = ports[(start + i) % len(ports)]
             if {port, port + 1} & _handed or port + 1 >= low:
                 continue
-            if _bindable(port) and _bindable(port + 1):
+            if bindable(port) and bindable(port + 1):
                 _handed.update((port, port + 1))
                 return port
     for _ in range(50):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port < 65535 and _bindable(port + 1):
+        if port < 65535 and bindable(port + 1):
             return port
     raise OSError("no two adjacent free ports on the loopback interface")
 

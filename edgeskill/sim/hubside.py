@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud.service import FleetService
-from edgeskill.processes import Fleet, find_program, free_port, wait_for_port
+from edgeskill.processes import Fleet, bindable, find_program, free_port, wait_for_port
 from edgeskill.sim.params import SKILL_VERSIONS, SimSettings, SimSettingsError
 from skills.bundle import build_bundle
 from skills.manifest import Manifest
@@ -119,18 +118,9 @@ def _port_pair() -> int:
     """A port ``p`` with ``p + 1`` free too (gRPC and enrolment)."""
     for _ in range(50):
         port = free_port()
-        if port < 65535 and _free(port + 1):
+        if port < 65535 and bindable(port + 1):
             return port
     raise OSError("no two adjacent free ports on the loopback interface")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def start_hubs(

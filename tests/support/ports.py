@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
+
+from edgeskill.processes import bindable
 
 __all__ = ["free_port"]
 
@@ -32,15 +33,6 @@ def _block() -> int:
     return _FIRST + (index % _MAX_BLOCKS) * _BLOCK
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port() -> int:
     """A loopback TCP port free now, from this process's block (each reused only after 1,000).
 
@@ -54,6 +46,6 @@ def free_port() -> int:
         for _ in range(_BLOCK):
             offset = _state["next"]
             _state["next"] = (offset + 2) % _BLOCK  # the odd neighbour stays free for pairs
-            if _bindable(base + offset):
+            if bindable(base + offset):
                 return base + offset
     raise OSError(f"no free port left in {base}..{base + _BLOCK - 1}")
