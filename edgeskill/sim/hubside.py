@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud.service import FleetService
-from edgeskill.processes import Fleet, bindable, find_program, free_port, wait_for_port
+from edgeskill.processes import Fleet, find_program, free_port, wait_for_port
 from edgeskill.sim.params import SKILL_VERSIONS, SimSettings, SimSettingsError
 from skills.bundle import build_bundle
 from skills.manifest import Manifest
@@ -114,15 +114,6 @@ def write_claim(service: FleetService, devices: int, work: Path) -> Path:
     return path
 
 
-def _port_pair() -> int:
-    """A port ``p`` with ``p + 1`` free too (gRPC and enrolment)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535 and bindable(port + 1):
-            return port
-    raise OSError("no two adjacent free ports on the loopback interface")
-
-
 def start_hubs(
     settings: SimSettings, service: FleetService, fleet: Fleet, broker: Fleet, work: Path
 ) -> HubEndpoints:
@@ -142,7 +133,7 @@ def start_hubs(
             else _start_broker(service, broker, work)
         )
     for i in range(settings.hubs):
-        port = _port_pair()
+        port = free_port()  # and port + 1, for enrolment
         args = ["hub", "serve", "--home", str(service.home), "--grpc-bind", f"127.0.0.1:{port}"]
         args += ["--heartbeat", str(settings.heartbeat_s)]
         if hub_mqtt:
