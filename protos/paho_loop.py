@@ -31,6 +31,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 __all__ = ["LeanClient", "PackedProperties", "PahoLoop", "publish_properties"]
 
 _MISC_INTERVAL_S = 1.0
+#: Shortest wait between two runs of paho's keepalive bookkeeping (its own loop's step).
+_MISC_MIN_S = 1.0
+#: Added to the wait for a ping's due time, so that paho finds it due when it looks.
+_MISC_SLACK_S = 0.05
 #: Bytes taken off the socket per read; paho then parses packets out of them.
 _READ_CHUNK = 256 * 1024
 #: Most bytes of queued packets joined into one ``send``.
@@ -625,9 +629,9 @@ class PahoLoop:
         client: a paho client with no socket callbacks of its own.
         name: what to call the broker in error messages (a redacted URL).
         error: the exception type :meth:`connect` raises (the caller's transport error).
-        misc_interval_s: how often paho's keepalive bookkeeping runs (its own loop: each
-            second). A client with a keepalive of K seconds pings at most this much late,
-            and the broker waits 1.5 K: a device's client may look every K / 8 seconds.
+        misc_interval_s: the longest wait between two runs of paho's keepalive
+            bookkeeping (its own loop runs it each second). It runs when a ping falls
+            due (see :meth:`misc_wait_s`), and at least this often.
     """
 
     def __init__(
@@ -777,7 +781,27 @@ class PahoLoop:
     async def _keep_alive(self) -> None:
         # Pings, and the keepalive deadline that paho's own loop would check each second.
         while self._client.loop_misc() == mqtt.MQTT_ERR_SUCCESS:
-            await asyncio.sleep(self._misc_interval_s)
+            await asyncio.sleep(self.misc_wait_s())
+
+    def misc_wait_s(self) -> float:
+        """How long paho's keepalive bookkeeping has nothing to do, capped by ``misc_interval_s``.
+
+        With a keepalive of K seconds it acts once K seconds have passed since the
+        last packet sent or the last bytes received: it sends a ping then, and a
+        ping unanswered K seconds later closes the connection (sending one sets both
+        times, so that deadline is the same one). Before that it has nothing to do:
+        looking at fixed steps of K / 8, an idle agent woke eight times a keepalive
+        for the one ping, a third of its wake-ups (paho-mqtt 2.2.0 keeps these times;
+        the version is pinned).
+        """
+        client = self._client
+        keepalive = client.keepalive
+        if keepalive <= 0:
+            return self._misc_interval_s
+        with client._msgtime_mutex:
+            quiet_since = min(client._last_msg_out, client._last_bytes_received)
+        wait = quiet_since + keepalive - mqtt.time_func() + _MISC_SLACK_S
+        return min(max(wait, _MISC_MIN_S), max(self._misc_interval_s, _MISC_MIN_S))
 
     def _abandon(self, connecting: asyncio.Future[mqtt.MQTTErrorCode]) -> None:
         """Close the socket of a connect given up on while its thread still ran."""

@@ -278,9 +278,10 @@ class MqttAgentTransport(AgentTransport):
             clean_start=False,
             properties=props,
         )
-        # Keepalive bookkeeping every K / 8 s, not every second: thousands of agents on
-        # one simulator host (and every board's idle CPU) pay for each wake-up.
-        misc_s = max(1.0, keepalive / 8)
+        # Keepalive bookkeeping when a ping falls due, and at least every K / 2 s, not
+        # every second: thousands of agents on one simulator host (and every board's
+        # idle CPU) pay for each wake-up.
+        misc_s = max(1.0, keepalive / 2)
         io = self._io = PahoLoop(client, self.url, TransportError, misc_interval_s=misc_s)
         await io.connect(connect, self._connect_timeout_s + 1)
         self._install_callbacks(client)

@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from edge_agent import reconciler as reconciler_module
 from edge_agent.errors import HealthCheckError, InstallError
 from edge_agent.installs import InstallStore
 from edge_agent.reconciler import Reconciler
+from skills.errors import FetchError
 from tests.support.desired import desired_state
 
 
@@ -179,3 +183,91 @@ def test_a_fetch_cancelled_while_it_downloads_unpacks_nothing(tmp_path: Path) ->
 
     asyncio.run(scenario())  # waits for the fetch's thread, which must stop after the fetch
     assert not rec.installs.is_installed("demo", "1.0.0")
+
+
+class PlanCalls:
+    """The planner, counting its calls (the rule itself runs unchanged)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = reconciler_module.plan
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(reconciler_module, "plan", counted)
+
+
+def test_a_pass_that_would_find_what_the_last_found_plans_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher = Launcher()
+    rec = make(tmp_path, launcher)
+    planner = PlanCalls(monkeypatch)
+
+    async def scenario() -> None:
+        wanted = desired_state("demo", 1, "1.0.0")
+        await rec.reconcile(wanted)
+        assert state(rec) == ("1.0.0", "running", "1.0.0")
+        planned = planner.calls
+        for _ in range(3):  # the agent's periodic passes of an idle device
+            await rec.reconcile(wanted)
+        assert planner.calls == planned
+        assert len(launcher.started) == 1
+
+        # The same wishes in a new message (a resent desired state) are looked at again.
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
+        assert planner.calls == planned + 1
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_death_a_new_scan_or_a_due_retry_ends_the_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher = Launcher()
+    now = [0.0]
+    fail = [True]
+
+    def fetch(target: str) -> Path:
+        if target == "demo/2.0.0" and fail[0]:
+            raise FetchError("hub gone")
+        return tmp_path / target.replace("/", "-")
+
+    rec = make(tmp_path, launcher, fetch=fetch)
+    rec.clock = lambda: now[0]
+    planner = PlanCalls(monkeypatch)
+
+    async def scenario() -> None:
+        first = desired_state("demo", 1, "1.0.0")
+        await rec.reconcile(first)
+        await rec.reconcile(first)
+
+        # The control process died: the next pass restarts it.
+        launcher.started[-1].alive = False
+        await rec.reconcile(first)
+        assert [p.alive for p in launcher.started] == [False, True]
+        planned = planner.calls
+        await rec.reconcile(first)
+        assert planner.calls == planned
+
+        # The store scanned its folders again (its scan aged out, or something changed there).
+        rec.installs.inventory(max_age_s=0.0)
+        await rec.reconcile(first)
+        assert planner.calls > planned
+
+        # A fetch that failed waits for its retry time, which the clock alone brings.
+        second = desired_state("demo", 2, "2.0.0")
+        await rec.reconcile(second)
+        assert state(rec) == ("1.0.0", "failed", "2.0.0")
+        fail[0] = False
+        await rec.reconcile(second)  # inside the backoff: still failed
+        assert state(rec) == ("1.0.0", "failed", "2.0.0")
+        now[0] += 3600.0
+        await rec.reconcile(second)
+        assert state(rec) == ("2.0.0", "running", "2.0.0")
+        await rec.shutdown()
+
+    asyncio.run(scenario())
