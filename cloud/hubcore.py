@@ -203,9 +203,9 @@ class HubCore:
         self._closing = False
         #: Split and joint inference: tails from the signed bundles devices are entitled to.
         self.tails = TailServer(trust, self.tail_target, tails)
-        #: Called (on the event loop) with 1 for each stored report in which a skill
-        #: settled: the leader's rollout loop starts its next pass sooner.
-        self.on_settled: Callable[[int], None] | None = None
+        #: Called (on the event loop) with the device of each stored report in which a
+        #: skill settled: the leader's rollout loop starts its next pass sooner.
+        self.on_settled: Callable[[str], None] | None = None
 
     def loops(self) -> list[Loop]:
         """The coroutines every hub process must keep running while it serves devices.
@@ -427,7 +427,7 @@ class HubCore:
             item = (device_id, report.generation, statuses, made_ms)
             stored = await self.reports.submit_item(item)
             if stored and self.on_settled is not None and any(map(_settled, statuses)):
-                self.on_settled(1)
+                self.on_settled(device_id)
         elif kind == "telemetry":
             record = telemetry_record(env.telemetry)
             # Acked only after the batch holding it committed (end-to-end ack).

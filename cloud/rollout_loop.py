@@ -375,8 +375,8 @@ class RolloutLoop:
         self._last: dict[int, LastPass] = {}
         #: Each driven rollout as its last pass left it stored: its state is not read again.
         self._held: dict[int, RolloutRecord] = {}
-        #: Settled reports heard (:meth:`heard`) since the last pass began reading.
-        self._heard = 0
+        #: Devices heard settling (:meth:`heard`) since the last pass began reading.
+        self._heard: set[str] = set()
         #: How many of them make the next pass worth running before its pause ends: half
         #: the places of the rolling rollouts under way (0: none under way, wait the pause).
         self._wake_at = 0
@@ -390,9 +390,9 @@ class RolloutLoop:
             try:
                 while True:
                     wake.clear()
-                    self._heard = 0  # the pass reads what was stored before it starts
+                    self._heard.clear()  # the pass reads what was stored before it starts
                     await asyncio.to_thread(self.pass_once)
-                    if self._wake_at and self._heard >= self._wake_at:
+                    if self._wake_at and len(self._heard) >= self._wake_at:
                         continue  # freed places are waiting already
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), self.pause_s)
@@ -401,8 +401,8 @@ class RolloutLoop:
 
         return run
 
-    def heard(self, settled: int = 1) -> None:
-        """Count reports of devices that settled (running what they were sent, or failed).
+    def heard(self, device_id: str) -> None:
+        """Count a device whose report says it settled (running what it was sent, or failed).
 
         The hub calls it, on its event loop, as it stores them. While a rolling rollout
         is under way, the next pass then starts as soon as half its places may be
@@ -410,10 +410,12 @@ class RolloutLoop:
         so one that came at the end of a fixed pause found most of the last wave still
         installing and the one after it found them all, which held every place about
         two passes (10,000 devices over MQTT). Reports stored by other hub processes
-        wake nothing here; the pause still bounds the wait.
+        wake nothing here; the pause still bounds the wait. Each device counts once a
+        pass: one that sends report after report (its own, each stored) frees one
+        place at most, and cannot run the passes back to back.
         """
-        self._heard += settled
-        if self._wake is not None and self._wake_at and self._heard >= self._wake_at:
+        self._heard.add(device_id)
+        if self._wake is not None and self._wake_at and len(self._heard) >= self._wake_at:
             self._wake.set()
 
     @property

@@ -26,7 +26,11 @@ Measured on the upgrade:
   when the devices do not share its cores (here they do, and take most of them);
 * ``idle_hub_cores`` / ``idle_agents_cores``: the cores each side used while the
   upgraded fleet stayed idle for ``--soak`` seconds (heartbeats, telemetry
-  windows, inputs fed to the skills): what is left of the two for an upgrade.
+  windows, inputs fed to the skills): what is left of the two for an upgrade;
+* ``event_loop``: the hub's and the agents' loop (``--event-loop``, see
+  :mod:`edge_agent.eventloop`); ``calib_ms``: a fixed piece of Python work timed
+  just before the run (:func:`calibrate`), since this machine's pace varies by
+  hours: compare rows whose ``calib_ms`` are alike.
 
 The reference is the pace of Greengrass v2's fastest rollout (1,000 devices a
 minute, its ``maximumPerMinute`` cap): ``vs_greengrass`` is that time over
@@ -54,6 +58,7 @@ from rich.table import Table
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from edge_agent import eventloop
 from edgeskill.sim.run import ram_folder
 from tests.support.services import mqtt_url
 
@@ -69,9 +74,25 @@ WAVE_ROWS = 12
 console = Console()
 
 
+def calibrate() -> float:
+    """This machine's pace now: a fixed piece of Python work (dicts, JSON), ms, best of five.
+
+    The same code ran a 10,000-device upgrade in 79 s and, ninety minutes later on
+    the same machine, in 172 s: rows of different hours compare only with this beside them.
+    """
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        table = {str(i): (i, str(2 * i)) for i in range(300_000)}
+        json.loads(json.dumps(table))
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000)
+
+
 def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One simulator run; its row."""
     out = work / f"{transport}.json"
+    calib_ms = calibrate()
     argv = [sys.executable, "-m", "edgeskill.cli", "sim", "--devices", str(args.devices)]
     argv += ["--procs", str(args.procs), "--insecure", "--deploy", "1.0.0", "--deploy", "2.0.0"]
     argv += ["--rate", str(args.rate), "--telemetry-window", str(args.telemetry_window)]
@@ -87,8 +108,11 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
         # a whole core for minutes after a 10,000-device run left).
         url = mqtt_url(f"es-bench/{uuid.uuid4().hex[:8]}", session_expiry=SESSION_EXPIRY_S)
         argv += ["--transport", "mqtt", "--mqtt-url", url]
+    env = dict(os.environ)
+    if args.event_loop is not None:  # the hub's and the simulator's processes alike
+        env[eventloop.ENV] = args.event_loop
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - started
     if not out.exists():
         console.print(done.stdout[-3000:], done.stderr[-3000:], markup=False)
@@ -104,6 +128,8 @@ def run_once(transport: str, args: argparse.Namespace, work: Path) -> dict[str, 
         "transport": transport,
         "devices": args.devices,
         "strategy": strategy_name(args.plan),
+        "event_loop": env.get(eventloop.ENV) or "asyncio",
+        "calib_ms": calib_ms,
         "connected_in_s": _round(summary["connect_s"]),
         "converged": bool(upgrade["converged"]),
         "converge_s": _round(converge),
@@ -238,6 +264,11 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, help="keep the runs' state and logs here")
     parser.add_argument("--plan", type=Path, help="the upgrade's rollout plan (TOML file)")
+    parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        help=f"the hub's and agents' loop (default: ${eventloop.ENV}, else asyncio)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     # The devices' state in RAM, as `edgeskill sim` keeps it by default (see ram_folder).

@@ -231,7 +231,7 @@ def test_a_redelivered_older_report_does_not_hide_a_newer_one(core: HubCore) -> 
 
 
 def test_each_stored_report_of_a_settled_skill_tells_the_rollout_loop(core: HubCore) -> None:
-    heard: list[int] = []
+    heard: list[str] = []
     core.on_settled = heard.append
     asyncio.run(core.register(register("cam-1")))
     t = 1_700_000_000_000
@@ -248,7 +248,7 @@ def test_each_stored_report_of_a_settled_skill_tells_the_rollout_loop(core: HubC
     say("running", "2.0.0", "2.0.0", t + 2)
     say("failed", "1.0.0", "3.0.0", t + 3)
     say("rolled_back", "1.0.0", "3.0.0", t + 4)
-    assert heard == [1, 1, 1]
+    assert heard == ["cam-1"] * 3
     rep = core.store.reported_for("cam-1")
     assert rep is not None and rep.skills[0].state == "rolled_back"  # stored before it was told
 

@@ -269,14 +269,19 @@ def test_settled_reports_start_a_rolling_pass_once_half_its_places_may_be_free(
         async with in_background(loop.factory()()):
             await async_wait_until(lambda: loop.passes == 1 and loop.rolling, 10, "the first pass")
             assert loop.wake_at == 2
-            loop.heard(1)  # one of four places: not worth a pass yet
+            loop.heard("cam-1")  # one of four places: not worth a pass yet
             for _ in range(20):
                 await asyncio.sleep(0)
             assert loop.passes == 1
-            loop.heard(1)  # half of them
-            await async_wait_until(lambda: loop.passes == 2, 10, "a pass woken by two reports")
-            loop.heard(2)  # heard in one go: the same
-            await async_wait_until(lambda: loop.passes == 3, 10, "a pass woken by two at once")
+            loop.heard("cam-2")  # half of them
+            await async_wait_until(lambda: loop.passes == 2, 10, "a pass woken by two devices")
+            for _ in range(50):  # one device's report after report frees one place at most
+                loop.heard("cam-3")
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert loop.passes == 2
+            loop.heard("cam-4")
+            await async_wait_until(lambda: loop.passes == 3, 10, "a pass woken by a second one")
 
     asyncio.run(drive())
 
@@ -290,7 +295,8 @@ def test_settled_reports_wake_nothing_without_a_rolling_rollout(store: Store) ->
     async def drive() -> None:
         async with in_background(loop.factory()()):
             await async_wait_until(lambda: loop.passes == 1, 10, "the first pass")
-            loop.heard(100)  # a canary holds: reports wait for the next tick
+            for i in range(100):  # a canary holds: reports wait for the next tick
+                loop.heard(f"cam-{i}")
             for _ in range(20):
                 await asyncio.sleep(0)
             assert loop.passes == 1 and not loop.rolling and loop.wake_at == 0
