@@ -420,7 +420,7 @@ class RolloutLoop:
 
     @property
     def wake_at(self) -> int:
-        """Settled reports after which the next pass starts before its pause ends (0: never)."""
+        """Settled devices after which the next pass starts before its pause ends (0: never)."""
         return self._wake_at
 
     @property

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = ["ENV", "loop_factory", "loop_name", "run"]
-
-log = logging.getLogger(__name__)
 
 #: The environment variable that chooses the loop: ``asyncio`` (the default) or ``uvloop``.
 ENV = "EDGESKILL_EVENT_LOOP"

@@ -642,7 +642,7 @@ class PahoLoop:
         misc_interval_s: float = _MISC_INTERVAL_S,
     ) -> None:
         self._client = client
-        self._misc_interval_s = misc_interval_s
+        self._misc_interval_s = max(misc_interval_s, _MISC_MIN_S)
         self._name = name
         self._error = error
         self._loop = asyncio.get_running_loop()
@@ -801,7 +801,7 @@ class PahoLoop:
         with client._msgtime_mutex:
             quiet_since = min(client._last_msg_out, client._last_bytes_received)
         wait = quiet_since + keepalive - mqtt.time_func() + _MISC_SLACK_S
-        return min(max(wait, _MISC_MIN_S), max(self._misc_interval_s, _MISC_MIN_S))
+        return min(max(wait, _MISC_MIN_S), self._misc_interval_s)
 
     def _abandon(self, connecting: asyncio.Future[mqtt.MQTTErrorCode]) -> None:
         """Close the socket of a connect given up on while its thread still ran."""
