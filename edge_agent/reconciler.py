@@ -207,14 +207,14 @@ class Reconciler:
                 await self._execute(action, installed.get(action.name), wanted)
 
     def _quiet_now(self, desired: pb.DesiredState | None) -> _Quiet | None:
-        """What a pass that found nothing to do (and has no fetch running) saw, if the
-        next one may rely on it.
+        """What a pass that found nothing to do saw, if the next one may rely on it.
 
-        Not while a failure waits for its retry time: the rule's answer then
-        changes with the clock alone.
+        Not while a fetch still runs (:meth:`_await_a_fetch` gives up waiting on it
+        after ``supervise_s``; a failed one is filed as it ends), nor while a failure
+        waits for its retry time: the rule's answer then changes with the clock alone.
         """
         scan = self.installs.cached_inventory()
-        if scan is None:
+        if scan is None or self._fetches:
             return None
         if any(math.isfinite(f.retry_at) for f in self._failures.values()):
             return None

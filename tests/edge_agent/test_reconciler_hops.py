@@ -24,6 +24,7 @@ from edge_agent.errors import HealthCheckError, InstallError
 from edge_agent.installs import InstallStore
 from edge_agent.reconciler import Reconciler
 from skills.errors import FetchError
+from tests.support import async_wait_until
 from tests.support.desired import desired_state
 
 
@@ -266,6 +267,38 @@ def test_a_death_a_new_scan_or_a_due_retry_ends_the_quiet(
         await rec.reconcile(second)  # inside the backoff: still failed
         assert state(rec) == ("1.0.0", "failed", "2.0.0")
         now[0] += 3600.0
+        await rec.reconcile(second)
+        assert state(rec) == ("2.0.0", "running", "2.0.0")
+        await rec.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_that_outlasts_its_pass_and_fails_is_retried_when_due(tmp_path: Path) -> None:
+    release = threading.Event()
+    fail = [True]
+    now = [0.0]
+
+    def fetch(target: str) -> Path:
+        if target == "demo/2.0.0":
+            release.wait(10.0)
+            if fail[0]:
+                raise FetchError("hub gone")
+        return tmp_path / target.replace("/", "-")
+
+    rec = make(tmp_path, Launcher(), fetch=fetch)
+    rec.clock = lambda: now[0]
+
+    async def scenario() -> None:
+        await rec.reconcile(desired_state("demo", 1, "1.0.0"))
+        second = desired_state("demo", 2, "2.0.0")
+        rec.supervise_s = 0.01
+        await rec.reconcile(second)  # returns with the download still running
+        release.set()
+        await async_wait_until(lambda: state(rec)[1] == "failed", 10, "the fetch to fail")
+        fail[0] = False
+        now[0] += 3600.0  # its retry is due: the same wishes must be looked at again
+        rec.supervise_s = 30.0
         await rec.reconcile(second)
         assert state(rec) == ("2.0.0", "running", "2.0.0")
         await rec.shutdown()
