@@ -27,6 +27,7 @@ from edge_agent.desired_gate import DesiredGate
 from edge_agent.drift_samples import SampleWatch
 from edge_agent.drift_watch import DriftWatch
 from edge_agent.errors import AgentError, RuntimeBackendError, TransportError
+from edge_agent.eventloop import Wake
 from edge_agent.hublink import HubLink
 from edge_agent.installs import InstallStore
 from edge_agent.metrics import InferenceCounter, start_agent_metrics
@@ -86,18 +87,6 @@ _SAMPLES_BACKLOG = 100
 def jittered(seconds: float, spread: float, rng: random.Random) -> float:
     """``seconds`` less a random share of it of up to ``spread``: never longer."""
     return seconds * (1.0 - spread * rng.random())
-
-
-async def _wait_set(event: asyncio.Event, timeout_s: float) -> None:
-    """Wait until ``event`` is set or ``timeout_s`` passed.
-
-    ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` can swallow a
-    cancellation that races the event being set, and a loop built on it would then
-    outlive the agent's stop (its task group never ends).
-    """
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
@@ -171,7 +160,7 @@ class Agent:
         self.link = link or HubLink(config.max_bundle_bytes)
         #: Split and joint inference: the link estimate and a broker per skill version.
         self.splits = SplitRuntime(lambda: self.link.transport, clock=clock)
-        self._wake_reconcile = asyncio.Event()
+        self._wake_reconcile = Wake()
         self.reconciler = Reconciler(
             installs,
             fetch_target,
@@ -197,13 +186,13 @@ class Agent:
         #: Draws of the reconnect and refresh waits (see :func:`jittered`).
         self._rng = random.Random()
         self._offer_metadata = offer_metadata
-        self._wake_events = asyncio.Event()
+        self._wake_events = Wake()
         self.heartbeat_s = 5.0
         # Set when the hub's Welcome changes the interval, so a sleeping heartbeat
         # loop takes the new one at once instead of after the default 5 s.
-        self._beat_changed = asyncio.Event()
+        self._beat_changed = Wake()
         #: Set when a skill's state changes: the workload looks for something to feed.
-        self._skills_changed = asyncio.Event()
+        self._skills_changed = Wake()
         self.windows: dict[tuple[str, str], WindowStats] = {}
         #: Drift against each running version's bundled reference, per telemetry window.
         self.drift = DriftWatch(clock)
@@ -217,7 +206,7 @@ class Agent:
         self._open_transport = transport_factory
         self._source = source
         self._clock = clock
-        self._wake_flush = asyncio.Event()
+        self._wake_flush = Wake()
         self._report_due = True
         self._started = clock()
         self._in_flight: dict[str, float] = {}
@@ -449,7 +438,7 @@ class Agent:
             await transport.send(
                 make_envelope(self.config.device_id, heartbeat=pb.Heartbeat(uptime_s=uptime))
             )
-            await _wait_set(self._beat_changed, self.heartbeat_s)
+            await self._beat_changed.wait(self.heartbeat_s)
 
     # -- outbox: everything sent up is kept until the hub acknowledges it -------
 
@@ -468,7 +457,7 @@ class Agent:
     async def _flush_loop(self) -> None:
         while True:
             # Quiet (nothing awaiting its ack, nothing left over), only an event wakes it.
-            await _wait_set(self._wake_flush, self._flush_wait_s())
+            await self._wake_flush.wait(self._flush_wait_s())
             woken = self._wake_flush.is_set()
             self._wake_flush.clear()
             transport = self.transport
@@ -551,7 +540,7 @@ class Agent:
                 gen = self.desired.generation if self.desired else 0
                 report = self.reconciler.report(gen)
                 await self.enqueue(make_envelope(self.config.device_id, reported=report))
-            await _wait_set(self._wake_reconcile, self.config.reconcile_interval_s)
+            await self._wake_reconcile.wait(self.config.reconcile_interval_s)
             self._wake_reconcile.clear()
 
     # -- workload and telemetry -------------------------------------------------
@@ -600,7 +589,7 @@ class Agent:
             if not fed:
                 # Nothing to feed until a skill starts (the reconciler says so), with a
                 # recheck in case: not a poll of every agent five times a second.
-                await _wait_set(self._skills_changed, _WORKLOAD_RECHECK_S)
+                await self._skills_changed.wait(_WORKLOAD_RECHECK_S)
 
     async def _feed(self, key: tuple[str, str], proc: SkillProcess, source: Source) -> None:
         started = time.monotonic()

@@ -18,12 +18,76 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["ENV", "loop_factory", "loop_name", "run"]
+__all__ = ["ENV", "Wake", "loop_factory", "loop_name", "run"]
 
 #: The environment variable that chooses the loop: ``asyncio`` (the default) or ``uvloop``.
 ENV = "EDGESKILL_EVENT_LOOP"
 
 T = TypeVar("T")
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class Wake:
+    """A flag a loop sleeps on, as :class:`asyncio.Event`, with a wait that may time out.
+
+    An agent's loops (reconcile, heartbeat, outbox flush, workload) each sleep
+    until woken or a period passed. ``asyncio.timeout`` around ``Event.wait``
+    ends such a sleep by cancelling the task and turning the cancellation into
+    a ``TimeoutError``: an exception raised and caught three times, most of the
+    cost of a quiet wake (8.8 against 2.3 µs on uvloop, 11.6 against 6.2 on the
+    standard loop), and thousands a second in a simulated fleet. Here the
+    timer resolves the waiter's future instead, and a cancelled wait is cancelled
+    as any other await. Use it from the loop's thread only, as ``asyncio.Event``.
+    """
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        """A flag that is not set."""
+        self._set = False
+        self._waiters: list[asyncio.Future[bool]] = []
+
+    def is_set(self) -> bool:
+        """Whether the flag is set."""
+        return self._set
+
+    def set(self) -> None:
+        """Set the flag and wake every waiter."""
+        if self._set:
+            return
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def clear(self) -> None:
+        """Clear the flag; waits from now on sleep until it is set again."""
+        self._set = False
+
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Sleep until the flag is set or ``timeout_s`` passed (None: no limit).
+
+        Returns:
+            True when woken by :meth:`set` (or set already), False when the time ran out.
+        """
+        if self._set:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if timeout_s is None else loop.call_later(max(0.0, timeout_s), _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if waiter in self._waiters:  # timed out or cancelled: set() did not take it
+                self._waiters.remove(waiter)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

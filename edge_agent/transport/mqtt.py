@@ -31,6 +31,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.errors import InferRefusedError, TransportError
+from edge_agent.eventloop import Wake
 from edge_agent.transport.base import AgentTransport
 from edge_agent.transport.mqtt_fetch import MAX_CHUNK_BYTES, read_chunk, window_request
 from protos import decode_envelope, encode_envelope, kind_of, new_id, pb
@@ -124,7 +125,7 @@ class MqttAgentTransport(AgentTransport):
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._welcomed = asyncio.Event()
         self._unacked: set[int] = set()
-        self._drained = asyncio.Event()
+        self._drained = Wake()
         self._drained.set()
         self._lost: str | None = None
         self._io: PahoLoop | None = None
@@ -349,11 +350,8 @@ class MqttAgentTransport(AgentTransport):
                 envelope is over the size cap.
         """
         self._check_open()
-        try:
-            async with asyncio.timeout(self._send_timeout_s):
-                await self._drained.wait()
-        except TimeoutError as exc:
-            raise TransportError(f"{self.url} stopped acknowledging publishes") from exc
+        if not await self._drained.wait(self._send_timeout_s):
+            raise TransportError(f"{self.url} stopped acknowledging publishes")
         self._publish_envelope(env)
 
     async def receive(self) -> pb.Envelope:

@@ -6,6 +6,8 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 import uvloop
@@ -75,3 +77,78 @@ def test_asking_for_uvloop_where_it_is_not_installed_is_refused() -> None:
     assert out == [
         "EDGESKILL_EVENT_LOOP=uvloop, but uvloop is not installed (pip install 'edgeskill[fast]')"
     ]
+
+
+# -- Wake: a flag with a timed wait ------------------------------------------------------------
+
+LOOPS = pytest.mark.parametrize("factory", [None, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+
+
+Factory = Callable[[], asyncio.AbstractEventLoop] | None
+T = TypeVar("T")
+
+
+def on_loop(factory: Factory, main: Coroutine[Any, Any, T]) -> T:
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+@LOOPS
+def test_a_wake_wait_ends_when_set_and_says_so(factory: Factory) -> None:
+    async def main() -> tuple[bool, bool, float, int]:
+        wake = eventloop.Wake()
+        loop = asyncio.get_running_loop()
+        waiters = [asyncio.create_task(wake.wait(30.0)) for _ in range(3)]
+        await asyncio.sleep(0)  # all three are asleep on it
+        started = loop.time()
+        loop.call_later(0.05, wake.set)
+        woken = await asyncio.gather(*waiters)
+        took = loop.time() - started
+        already = await wake.wait(30.0)  # set: no sleep at all
+        return all(woken), already, took, len(wake._waiters)
+
+    woken, already, took, left = on_loop(factory, main())
+    assert woken and already
+    assert took < 10.0  # woken by the set, not by the 30 s timer
+    assert left == 0
+
+
+@LOOPS
+def test_a_wake_wait_times_out_false_and_leaves_nothing_behind(factory: Factory) -> None:
+    async def main() -> tuple[bool, bool, int, int]:
+        wake = eventloop.Wake()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        timed_out = await wake.wait(0.05)
+        waited = loop.time() - started >= 0.04
+        wake.set()
+        wake.clear()  # cleared: the next wait sleeps again
+        again = await wake.wait(0.01)
+        return timed_out, again, waited, len(wake._waiters)
+
+    timed_out, again, waited, left = on_loop(factory, main())
+    assert timed_out is False and again is False
+    assert waited
+    assert left == 0
+
+
+@LOOPS
+def test_a_cancelled_wake_wait_is_cancelled_even_when_set_in_the_same_moment(
+    factory: Factory,
+) -> None:
+    async def main() -> tuple[bool, bool, int]:
+        wake = eventloop.Wake()
+        alone = asyncio.create_task(wake.wait(30.0))
+        racing = asyncio.create_task(wake.wait(30.0))
+        await asyncio.sleep(0)
+        alone.cancel()
+        await asyncio.sleep(0)
+        wake.set()  # resolves the racing waiter ...
+        racing.cancel()  # ... whose task is cancelled before it resumes
+        results = await asyncio.gather(alone, racing, return_exceptions=True)
+        cancelled = [isinstance(r, asyncio.CancelledError) for r in results]
+        return cancelled[0], cancelled[1], len(wake._waiters)
+
+    alone, racing, left = on_loop(factory, main())
+    assert alone and racing  # neither cancellation is swallowed
+    assert left == 0
