@@ -32,6 +32,7 @@ from cloud.errors import (
     StoreError,
     ValidationError,
 )
+from cloud.fetch_serving import next_chunk
 from cloud.grpc_tls import RevocationList, ServerTls, peer_common_name, peer_serial
 from cloud.hubcore import HubCore, fetch_error_code
 from cloud.session import DeviceSession, DropReason
@@ -207,7 +208,7 @@ class HubServicer:
             return
         offset = req.offset
         with contextlib.closing(chunks):
-            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+            while offset < size and (data := await next_chunk(chunks)) is not None:
                 offset += len(data)
                 yield pb.FetchChunk(
                     offset=offset - len(data), data=data, total_size=size, last=offset >= size

@@ -17,7 +17,7 @@ import functools
 import logging
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from cloud.batched_reads import BatchedReads
@@ -26,7 +26,7 @@ from cloud.director import HubDirector, signed_envelope
 from cloud.drift_samples import DEFAULT_CAPS as DEFAULT_SAMPLE_CAPS
 from cloud.drift_samples import SampleCaps, samples_from_wire
 from cloud.errors import NotFoundError, StoreError, ValidationError
-from cloud.fetch_serving import fetch_error_code, open_repository_file
+from cloud.fetch_serving import FileChunks, fetch_error_code, open_repository_file
 from cloud.presence import DEFAULT_HEARTBEAT_S, heartbeat_seconds
 from cloud.selectors import parse_labels
 from cloud.session import ACKED_KINDS, DeviceSession, DropReason, Lru, ack_envelope
@@ -598,10 +598,8 @@ class HubCore:
 
     # -- fetch -----------------------------------------------------------------------
 
-    def open_fetch(
-        self, path: str, offset: int, max_bytes: int
-    ) -> tuple[int, Generator[bytes, None, None]]:
-        """Open a repository file for a chunked fetch from ``offset``.
+    def open_fetch(self, path: str, offset: int, max_bytes: int) -> tuple[int, FileChunks]:
+        """Open a repository file for a chunked fetch from ``offset``, reading its first chunk.
 
         Returns:
             The file's total size and an iterator of chunks.

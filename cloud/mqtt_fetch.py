@@ -8,11 +8,11 @@ where the window ended. Windows keep what sits in the broker's queues bounded.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from paho.mqtt.properties import Properties
 
+from cloud.fetch_serving import FileChunks, next_chunk
 from protos import pb
 from protos.fetch import DEFAULT_WINDOW, WINDOW_PROPERTY, FetchErrorCode
 from protos.paho_loop import publish_properties
@@ -50,7 +50,7 @@ class FetchReply:
         body = pb.Error(code=code, message=message[:_MAX_ERROR_MESSAGE]).SerializeToString()
         return self._publish(self._topic, body, self._props(ERROR_CONTENT_TYPE))
 
-    async def chunks(self, chunks: Iterator[bytes], offset: int, size: int, window: int) -> bool:
+    async def chunks(self, chunks: FileChunks, offset: int, size: int, window: int) -> bool:
         """Publish up to ``window`` chunks from ``offset``; the last one of the file says so.
 
         Returns:
@@ -58,7 +58,7 @@ class FetchReply:
         """
         props = self._props(CHUNK_CONTENT_TYPE)
         for _ in range(window):
-            data = await asyncio.to_thread(next, chunks, None)  # file reads off the loop
+            data = await next_chunk(chunks)  # file reads off the loop
             if data is None and offset < size:
                 return True  # the file shrank under us; the agent's checks catch it
             data = data or b""

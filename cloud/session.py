@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Generator, Hashable
+from collections.abc import AsyncIterator, Hashable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -32,6 +32,7 @@ from cloud.errors import (
     SessionRefusedError,
     StoreError,
 )
+from cloud.fetch_serving import FileChunks
 from cloud.tail_serving import TailRefusedError
 from protos import decode_envelope, kind_of, pb
 from protos.envelope import now_ms
@@ -303,9 +304,7 @@ class DeviceSession:
 
     # -- fetch -----------------------------------------------------------------------
 
-    async def fetch(
-        self, payload: bytes
-    ) -> tuple[pb.FetchRequest, int, Generator[bytes, None, None]]:
+    async def fetch(self, payload: bytes) -> tuple[pb.FetchRequest, int, FileChunks]:
         """Check a fetch request and open the file it asks for.
 
         Returns:
