@@ -35,6 +35,10 @@ _MISC_INTERVAL_S = 1.0
 _MISC_MIN_S = 1.0
 #: Added to the wait for a ping's due time, so that paho finds it due when it looks.
 _MISC_SLACK_S = 0.05
+#: How far past its due time a ping may wait, as a share of the keepalive: a packet the
+#: client sends meanwhile (an agent's heartbeat, as often as the keepalive) makes it
+#: needless. The broker waits one and a half keepalives before it gives up on a client.
+_PING_GRACE = 0.25
 #: Bytes taken off the socket per read; paho then parses packets out of them.
 _READ_CHUNK = 256 * 1024
 #: Most bytes of queued packets joined into one ``send``.
@@ -394,9 +398,24 @@ class LeanClient(mqtt.Client):
         return MQTTErrorCode.MQTT_ERR_PROTOCOL
 
     def _packet_write(self) -> MQTTErrorCode:
-        if len(self._out_packet) > 1:
+        """Write what is queued, and count it as traffic for the keepalive.
+
+        paho-mqtt 2.2.0 (pinned) records a packet sent (``_last_msg_out``) only when it
+        leaves its write loop by a path an emptied queue never takes, so a client
+        publishing every few seconds still pinged once a keepalive; any packet the
+        client sends keeps the connection alive (MQTT 5, 3.1.2.10).
+        """
+        out = self._out_packet
+        if len(out) > 1:
             self._join_quiet_packets()
-        return super()._packet_write()
+        if not out:
+            return super()._packet_write()
+        head, pos = out[0], out[0]["pos"]
+        rc = super()._packet_write()
+        if not out or out[0] is not head or head["pos"] != pos:  # some bytes went
+            with self._msgtime_mutex:
+                self._last_msg_out = mqtt.time_func()
+        return rc
 
     def _join_quiet_packets(self) -> None:
         """Make the leading packets that need nothing done once written one packet.
@@ -793,6 +812,13 @@ class PahoLoop:
         looking at fixed steps of K / 8, an idle agent woke eight times a keepalive
         for the one ping, a third of its wake-ups (paho-mqtt 2.2.0 keeps these times;
         the version is pinned).
+
+        It looks a quarter of a keepalive after the ping falls due (:data:`_PING_GRACE`),
+        well within the broker's one and a half: an agent's heartbeat goes as often as
+        its keepalive, and on a busy loop it went a little after the ping fell due, so
+        a loaded agent sent a ping (and the broker answered it) beside every other
+        heartbeat. A packet sent in the grace makes the ping needless; paho sends it
+        only if it still finds the connection quiet for a keepalive.
         """
         client = self._client
         keepalive = client.keepalive
@@ -800,7 +826,8 @@ class PahoLoop:
             return self._misc_interval_s
         with client._msgtime_mutex:
             quiet_since = min(client._last_msg_out, client._last_bytes_received)
-        wait = quiet_since + keepalive - mqtt.time_func() + _MISC_SLACK_S
+        due = quiet_since + keepalive * (1 + _PING_GRACE)
+        wait = due - mqtt.time_func() + _MISC_SLACK_S
         return min(max(wait, _MISC_MIN_S), self._misc_interval_s)
 
     def _abandon(self, connecting: asyncio.Future[mqtt.MQTTErrorCode]) -> None:

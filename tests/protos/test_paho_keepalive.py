@@ -7,6 +7,7 @@ import contextlib
 import uuid
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protos.paho_loop import LeanClient, PahoLoop
@@ -60,7 +61,42 @@ def test_a_quiet_client_pings_when_due_though_its_longest_wait_is_far_longer() -
     answered, closed, first_wait = asyncio.run(main())
     assert not closed
     assert answered >= 3
-    assert 1.0 <= first_wait <= 2.1  # the next ping's due time, not the 60 s cap
+    assert 1.0 <= first_wait <= 2.6  # the next ping's due time and its grace, not the 60 s cap
+
+
+@pytest.mark.parametrize("every_s", [1.0, 2.2])
+def test_a_client_that_publishes_as_often_as_its_keepalive_sends_no_ping(every_s: float) -> None:
+    """Keepalive 2 s and a publish every second, or every 2.2 s as an agent's heartbeat
+    on a busy loop goes a little after its keepalive's ping fell due: no ping goes (each
+    publish counts as the client's traffic), and the broker keeps the client (it waits
+    one and a half keepalives)."""
+
+    async def main() -> tuple[int, int, bool]:
+        client, io = await _connected(keepalive=2, misc_interval_s=60.0)
+        pings = 0
+        real = client._send_pingreq
+
+        def pingreq() -> mqtt.MQTTErrorCode:
+            nonlocal pings
+            pings += 1
+            return real()
+
+        client._send_pingreq = pingreq  # type: ignore[method-assign]
+        acked = 0
+        for _ in range(4):
+            await asyncio.sleep(every_s)
+            info = client.publish("t/keepalive/heartbeat", b"beat", qos=1)
+            async with asyncio.timeout(10):
+                while not info.is_published() and not io.closed.is_set():
+                    await asyncio.sleep(0.01)
+            acked += info.is_published()
+        closed = io.closed.is_set()
+        await _close(client, io)
+        return pings, acked, closed
+
+    pings, acked, closed = asyncio.run(main())
+    assert not closed and acked == 4
+    assert pings == 0
 
 
 def test_the_wait_is_capped_and_never_shorter_than_pahos_own_step() -> None:
@@ -68,10 +104,10 @@ def test_the_wait_is_capped_and_never_shorter_than_pahos_own_step() -> None:
         client, io = await _connected(keepalive=600, misc_interval_s=5.0)
         capped = io.misc_wait_s()
         with client._msgtime_mutex:  # silent for longer than the keepalive: overdue
-            client._last_bytes_received -= 700
+            client._last_bytes_received -= 800  # past the ping's due time and its grace
         overdue = io.misc_wait_s()
         with client._msgtime_mutex:
-            client._last_bytes_received += 700 - 597.5
+            client._last_bytes_received += 800 - 747.5
         soon = io.misc_wait_s()
         await _close(client, io)
         return capped, overdue, soon
