@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -419,3 +420,16 @@ def test_a_gate_never_passes_short_of_samples_or_soak(
     if samples[0] < min(need, samples[1]):
         assert result.verdict is Verdict.WAIT
     assert "\n" not in result.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy", "in_flight"),
+    [("rollout_rolling.toml", "rolling", 100), ("rollout_rolling200.toml", "rolling", 200)],
+)
+def test_the_benchmarks_rolling_plans_read_as_they_say(
+    name: str, strategy: str, in_flight: int
+) -> None:
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    plan = parse_plan((bench / name).read_text(encoding="utf-8"))
+    assert plan.strategy.value == strategy
+    assert plan.rolling is not None and plan.rolling.max_in_flight == in_flight
