@@ -28,6 +28,20 @@ async def _connected(keepalive: int, misc_interval_s: float) -> tuple[LeanClient
     return client, io
 
 
+def _counted(client: LeanClient, method: str) -> list[int]:
+    """Count the calls of one of paho's packet methods on ``client``: a one-item list."""
+    calls = [0]
+    real = getattr(client, method)
+
+    def counting() -> mqtt.MQTTErrorCode:
+        calls[0] += 1
+        result: mqtt.MQTTErrorCode = real()
+        return result
+
+    setattr(client, method, counting)
+    return calls
+
+
 async def _close(client: LeanClient, io: PahoLoop) -> None:
     client.disconnect()
     with contextlib.suppress(TimeoutError):
@@ -41,22 +55,14 @@ def test_a_quiet_client_pings_when_due_though_its_longest_wait_is_far_longer() -
 
     async def main() -> tuple[int, bool, float]:
         client, io = await _connected(keepalive=2, misc_interval_s=60.0)
-        answered = 0
-        real = client._handle_pingresp
-
-        def pingresp() -> mqtt.MQTTErrorCode:
-            nonlocal answered
-            answered += 1
-            return real()
-
-        client._handle_pingresp = pingresp  # type: ignore[method-assign]
+        answered = _counted(client, "_handle_pingresp")
         first_wait = io.misc_wait_s()
         async with asyncio.timeout(20):
-            while answered < 3 and not io.closed.is_set():
+            while answered[0] < 3 and not io.closed.is_set():
                 await asyncio.sleep(0.05)
         closed = io.closed.is_set()
         await _close(client, io)
-        return answered, closed, first_wait
+        return answered[0], closed, first_wait
 
     answered, closed, first_wait = asyncio.run(main())
     assert not closed
@@ -73,15 +79,7 @@ def test_a_client_that_publishes_as_often_as_its_keepalive_sends_no_ping(every_s
 
     async def main() -> tuple[int, int, bool]:
         client, io = await _connected(keepalive=2, misc_interval_s=60.0)
-        pings = 0
-        real = client._send_pingreq
-
-        def pingreq() -> mqtt.MQTTErrorCode:
-            nonlocal pings
-            pings += 1
-            return real()
-
-        client._send_pingreq = pingreq  # type: ignore[method-assign]
+        pings = _counted(client, "_send_pingreq")
         acked = 0
         for _ in range(4):
             await asyncio.sleep(every_s)
@@ -92,7 +90,7 @@ def test_a_client_that_publishes_as_often_as_its_keepalive_sends_no_ping(every_s
             acked += info.is_published()
         closed = io.closed.is_set()
         await _close(client, io)
-        return pings, acked, closed
+        return pings[0], acked, closed
 
     pings, acked, closed = asyncio.run(main())
     assert not closed and acked == 4
