@@ -18,8 +18,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -52,6 +54,7 @@ from edgeskill.sim.runtime import (
     SimulatedSkillProcess,
     synthetic_source,
 )
+from edgeskill.sim.worker import agent_threads
 from protos import pb
 from skills.manifest import Manifest
 from tests.fakes.scripted_transport import ScriptedTransport
@@ -489,6 +492,22 @@ def test_a_worker_freezes_its_fleet_and_then_collects_the_young_less_often() -> 
     before, after, frozen, young = json.loads(done.stdout)
     assert before[0] == 700 and after == [young, before[1], before[2]] and young > 700
     assert frozen > 20_000  # the fleet's dicts and lists are out of the collector's sight
+
+
+def test_a_worker_keeps_few_threads_unless_slow_links_hold_them_in_fetches() -> None:
+    # Few threads spare the contention for the GIL; with a slow link each install
+    # waits in its fetch on a thread, and the other agents' short steps must still
+    # find one: 32 installs waiting at once leave room for an outbox commit.
+    assert agent_threads(0.0) <= 8 < agent_threads(50.0)
+    release = threading.Event()
+    with ThreadPoolExecutor(agent_threads(50.0)) as pool:
+        waits = [pool.submit(release.wait, 30) for _ in range(32)]
+        try:
+            assert pool.submit(lambda: "committed").result(timeout=10) == "committed"
+            assert not any(w.done() for w in waits)
+        finally:
+            release.set()
+        assert all(w.result(timeout=10) for w in waits)
 
 
 def test_sim_refuses_more_agents_a_worker_than_its_file_descriptors_allow(
