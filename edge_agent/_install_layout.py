@@ -29,6 +29,7 @@ __all__ = [
     "is_version_dir",
     "read_link",
     "read_marker",
+    "scan_skill",
     "write_marker",
 ]
 
@@ -136,6 +137,47 @@ def read_link(link: Path) -> str | None:
         return check_name("link target", str(link.readlink()), version=True)
     except (OSError, InstallError):
         return None
+
+
+def scan_skill(skill_dir: Path) -> tuple[tuple[str, ...], str | None, str | None]:
+    """A skill folder in one listing: its complete versions (sorted), ``current`` and ``previous``.
+
+    The same answers as :func:`is_complete` on each entry and :func:`read_link` on
+    each link, with a link to a version that is not complete read as None; a folder
+    that does not exist has nothing. One ``scandir`` and a marker ``stat`` a version:
+    an idle agent rescans every minute and after each install, and a simulated fleet
+    runs thousands of agents on one machine (pathlib's checks took 96 us a scan, a
+    ``stat`` or ``readlink`` each).
+
+    Raises:
+        OSError: The folder exists but cannot be listed.
+    """
+    complete: list[str] = []
+    links: dict[str, str | None] = {}
+    try:
+        with os.scandir(skill_dir) as listing:
+            entries = list(listing)
+    except (FileNotFoundError, NotADirectoryError):
+        return (), None, None
+    for entry in entries:
+        if entry.is_symlink():
+            if entry.name in LINKS:
+                links[entry.name] = read_link(Path(entry.path))
+        elif (
+            entry.is_dir(follow_symlinks=False)
+            and entry.name not in LINKS
+            # os.path, not pathlib: building a Path for each check cost more than its stat
+            and os.path.isfile(f"{entry.path}/{MARKER}")  # noqa: PTH113
+        ):
+            complete.append(entry.name)
+    complete.sort()
+    found = set(complete)
+    current, previous = (links.get(link) for link in LINKS)
+    return (
+        tuple(complete),
+        current if current in found else None,
+        previous if previous in found else None,
+    )
 
 
 def read_marker(version_dir: Path) -> dict[str, object] | None:

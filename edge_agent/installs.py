@@ -15,6 +15,7 @@ complete, verified active version per skill.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import threading
@@ -37,6 +38,7 @@ from edge_agent._install_layout import (
     is_verified,
     is_version_dir,
     read_link,
+    scan_skill,
     write_marker,
 )
 from edge_agent.errors import InstallError
@@ -164,12 +166,21 @@ class InstallStore:
             return cached
         with self._lock:
             epoch = self._epoch
-            skills = tuple(
-                SkillOnDisk(name, self.current(name), tuple(self.versions(name)))
-                for name in self.skill_names()
-            )
+            skills = tuple(self._on_disk(name) for name in self.skill_names())
             self._scan = _Scan(epoch, time.monotonic(), skills)
         return skills
+
+    def _on_disk(self, name: str) -> SkillOnDisk:
+        """One skill folder as :meth:`current` and :meth:`versions` see it, in one listing."""
+        skill_dir = self._skill_dir(name)
+        try:
+            versions, cur, prev = scan_skill(skill_dir)
+        except OSError as exc:
+            raise InstallError(f"cannot list the versions of {name}: {exc}") from exc
+        if cur is None:
+            return SkillOnDisk(name, None, versions)
+        active = InstalledSkill(name, cur, skill_dir / cur, None if prev == cur else prev)
+        return SkillOnDisk(name, active, versions)
 
     def cached_inventory(self, max_age_s: float = 60.0) -> tuple[SkillOnDisk, ...] | None:
         """The last :meth:`inventory` if nothing changed since and it is fresh; never blocks."""
@@ -384,9 +395,8 @@ class InstallStore:
             InstallError: The skills folder cannot be read.
         """
         try:
-            return sorted(
-                p.name for p in self._skills.iterdir() if NAME.fullmatch(p.name) and p.is_dir()
-            )
+            with os.scandir(self._skills) as entries:
+                return sorted(e.name for e in entries if NAME.fullmatch(e.name) and e.is_dir())
         except OSError as exc:
             raise InstallError(f"cannot list {self._skills}: {exc}") from exc
 

@@ -537,3 +537,52 @@ def test_inventory_is_reused_until_a_change_through_the_store_or_its_age(tmp_pat
         "3.0.0",
         "1.0.0",
     )
+
+
+def _complete(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("{}", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "complete current and previous",
+        "current to a half-finished version",
+        "previous to a missing version",
+        "links to each other and to a file",
+        "previous equal to current",
+        "no links",
+        "a link posing as a version",
+    ],
+)
+def test_inventory_scan_agrees_with_the_checks_of_each_path(tmp_path: Path, layout: str) -> None:
+    """The inventory lists a skill folder once; it must say what current() and versions() say."""
+    store = store_at(tmp_path)
+    skill = tmp_path / "skills" / "cam"
+    for version in ("1.0.0", "2.0.0"):
+        _complete(skill / version)
+    (skill / "3.0.0").mkdir()  # half-finished: no marker
+    (skill / "notes.txt").write_text("not a version", encoding="utf-8")
+    (skill / ".staging-ab12").mkdir()
+    links = {
+        "complete current and previous": {"current": "2.0.0", "previous": "1.0.0"},
+        "current to a half-finished version": {"current": "3.0.0", "previous": "1.0.0"},
+        "previous to a missing version": {"current": "2.0.0", "previous": "9.9.9"},
+        "links to each other and to a file": {"current": "previous", "previous": "notes.txt"},
+        "previous equal to current": {"current": "1.0.0", "previous": "1.0.0"},
+        "no links": {},
+        "a link posing as a version": {"current": "2.0.0", "4.0.0": "1.0.0"},
+    }[layout]
+    for link, target in links.items():
+        (skill / link).symlink_to(target)
+    _complete(tmp_path / "skills" / "other" / "0.1.0")
+    (tmp_path / "skills" / "not a name").mkdir()
+
+    found = store.inventory(max_age_s=0.0)
+
+    expected = tuple(
+        (name, store.current(name), tuple(store.versions(name))) for name in ("cam", "other")
+    )
+    assert tuple((s.name, s.active, s.versions) for s in found) == expected
+    assert found[0].versions == ("1.0.0", "2.0.0")  # never the link posing as 4.0.0
