@@ -7,6 +7,7 @@ them; the loop runs one pass at a time on a clock the test sets.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from sqlalchemy import text
@@ -19,6 +20,7 @@ from cloud.rollout_loop import ROLLING_TICK_S, ROLLOUT_TICK_S, RolloutLoop, engi
 from cloud.service.deployments import DeploymentService
 from cloud.service.devices import DeviceService
 from cloud.store import DeploymentRecord, SkillStatusRecord, Store, TelemetryRecord
+from cloud.store.desired import _ADMITTED
 from cloud.store.rollout_facts import KPI_COMMIT_LAG_S, KpiTally
 from cloud.store.rollouts import RolloutUpdate
 from cloud.store.store import open_store
@@ -470,6 +472,38 @@ def test_a_state_and_reports_read_again_are_parsed_once_and_corrupt_ones_always_
             store.rollout_facts(rollout)
         with pytest.raises(ValidationError, match="not a stored rollout state"):
             RolloutState.from_json(rollout.state[:-1])
+
+
+def test_an_admitted_map_read_again_is_parsed_once_and_a_corrupt_one_always_refused(
+    store: Store,
+) -> None:
+    clock, new, _ = canary_opened(store)
+    admitted = admitted_devices(store, new.id)
+    assert len(admitted) == 5
+    # Each desired-state write reads every active deployment: the canary's map is
+    # parsed once, and the devices it names get 2.0.0, the others keep 1.0.0.
+    stored = json.dumps(dict(sorted(admitted.items())), sort_keys=True, separators=(",", ":"))
+    first, versions = _ADMITTED.read(stored)
+    assert _ADMITTED.read(stored)[0] is first and versions == {"2.0.0"}
+    with pytest.raises(TypeError):
+        first["cam-99"] = "2.0.0"  # type: ignore[index]  # kept, so read-only
+    store.register_device("cam-20", CAMERA, {}, now_ms=clock.now)
+    for device in DEVICES:
+        want = "2.0.0" if device in admitted else "1.0.0"
+        assert [s.version for s in store.desired_for(device).skills] == [want]
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE rollouts SET admitted = '{\"cam-00\": [1]}'"))
+    for _ in range(2):  # a failure is not kept: refused every time, and nothing written
+        with pytest.raises(StoreError, match="corrupt"):
+            store.register_device("cam-21", CAMERA, {}, now_ms=clock.now)
+    assert "cam-21" not in store.desired_generations()
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE rollouts SET admitted = :a WHERE deployment_id = :d"),
+            {"a": stored, "d": new.id},
+        )
+    store.register_device("cam-21", CAMERA, {}, now_ms=clock.now)
+    assert [s.version for s in store.desired_for("cam-21").skills] == ["1.0.0"]
 
 
 def test_a_pass_joins_only_the_outcomes_the_state_does_not_hold(store: Store) -> None:
