@@ -18,7 +18,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import paho.mqtt.client as mqtt
@@ -31,9 +31,9 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from cloud.errors import TransportError
 from protos.errors import ProtocolError
 from protos.paho_loop import LeanClient, PahoLoop
-from protos.topics import MqttEndpoint
+from protos.topics import MqttEndpoint, Topics
 
-__all__ = ["HubMqttClient", "Incoming", "clear_retained", "tls_context"]
+__all__ = ["HubMqttClient", "Incoming", "clear_device_topics", "clear_retained", "tls_context"]
 
 log = logging.getLogger(__name__)
 
@@ -260,11 +260,9 @@ class HubMqttClient:
         self.connected = False
 
 
-def clear_retained(url: str, timeout_s: float = 5.0) -> int:
-    """Delete every retained message under the URL's topic prefix (tests, the demo).
-
-    Returns:
-        How many retained topics were cleared.
+@contextlib.contextmanager
+def _plain_client(url: str) -> Iterator[tuple[mqtt.Client, MqttEndpoint]]:
+    """A short-lived paho client connected to the URL's broker, its network loop running.
 
     Raises:
         TransportError: the broker is unreachable or the URL is malformed.
@@ -278,6 +276,36 @@ def clear_retained(url: str, timeout_s: float = 5.0) -> int:
         client.username_pw_set(ep.username, ep.password)
     if ep.tls:
         client.tls_set_context(tls_context(ep))
+    try:
+        client.connect(ep.host, ep.port, 10)
+    except OSError as exc:
+        raise TransportError(f"cannot reach {ep.redacted()}: {exc}") from exc
+    client.loop_start()
+    try:
+        yield client, ep
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _delete_retained(client: mqtt.Client, topics: Sequence[str], timeout_s: float) -> int:
+    """Publish an empty retained message on each topic; how many the broker acknowledged."""
+    infos = [client.publish(t, b"", qos=1, retain=True) for t in topics]
+    deadline = time.monotonic() + timeout_s
+    for info in infos:
+        info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+    return sum(info.is_published() for info in infos)
+
+
+def clear_retained(url: str, timeout_s: float = 5.0) -> int:
+    """Delete every retained message under the URL's topic prefix (tests, the demo).
+
+    Returns:
+        How many retained topics were cleared.
+
+    Raises:
+        TransportError: the broker is unreachable or the URL is malformed.
+    """
     found: set[str] = set()
     lock = threading.Lock()
     last = [time.monotonic()]
@@ -288,23 +316,38 @@ def clear_retained(url: str, timeout_s: float = 5.0) -> int:
                 found.add(msg.topic)
                 last[0] = time.monotonic()
 
-    client.on_message = on_message
-    try:
-        client.connect(ep.host, ep.port, 10)
-    except OSError as exc:
-        raise TransportError(f"cannot reach {ep.redacted()}: {exc}") from exc
-    client.loop_start()
-    try:
+    with _plain_client(url) as (client, ep):
+        client.on_message = on_message
         client.subscribe(f"{ep.prefix}/#", qos=0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and time.monotonic() - last[0] < 0.5:
             time.sleep(0.05)
         with lock:
             topics = sorted(found)
-        infos = [client.publish(t, b"", qos=1, retain=True) for t in topics]
-        for info in infos:
-            info.wait_for_publish(timeout_s)
-    finally:
-        client.disconnect()
-        client.loop_stop()
+        _delete_retained(client, topics, timeout_s)
     return len(topics)
+
+
+def clear_device_topics(url: str, device_ids: Iterable[str], timeout_s: float = 30.0) -> int:
+    """Delete what these devices have retained under the URL's prefix: desired state, status.
+
+    Only their own topics: the prefix may be shared with other devices and hubs.
+    An empty retained message on a topic that holds none changes nothing.
+
+    Returns:
+        How many of the topics the broker acknowledged clearing (two a device).
+
+    Raises:
+        TransportError: the broker is unreachable, or the URL or a device id is malformed.
+    """
+    with _plain_client(url) as (client, ep):
+        topics = Topics(ep.prefix)
+        try:
+            names = [
+                name
+                for device in device_ids
+                for name in (topics.down(device, "desired"), topics.status(device))
+            ]
+        except ProtocolError as exc:
+            raise TransportError(str(exc)) from exc
+        return _delete_retained(client, names, timeout_s)

@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.live import Live
 
-from cloud.errors import HubError
+from cloud.errors import HubError, TransportError
 from cloud.presence import heartbeat_seconds
 from cloud.rollout import parse_strategy
 from cloud.service import FleetService
@@ -289,6 +289,7 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
         hubs.stop_all()
         broker.stop_all()
         stop_strays()
+        cleared = _clear_broker(settings, plans)
     summary = _summary(settings, service, final, views, connect_s, deployed)
     summary.hub_cpu_s = sum(u.cpu_s for u in used) if used else None
     summary.hub_peak_rss_mb = max(u.peak_rss_mb for u in used) if used else None
@@ -301,9 +302,34 @@ def _simulate(settings: SimSettings, service: FleetService, work: Path, console:
     console.print(summary_table(summary))
     for line in outcome_lines(summary):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+    if cleared:
+        console.print(cleared, soft_wrap=True, highlight=False, markup=False)
     if settings.json_out is not None:
         write_json(summary, settings.json_out)
     return summary.ok
+
+
+def _clear_broker(settings: SimSettings, plans: list[DevicePlan]) -> str:
+    """Delete what the simulated devices left retained on a broker the run did not start.
+
+    The hub publishes each device's desired state retained and each agent its status:
+    on a broker of the user's (``--mqtt-url``) 10,000 devices left 20,000 messages a
+    run for the broker to hold (and persist) until someone cleared them. Only the
+    simulated devices' own topics are cleared, once the hub and the agents are gone.
+    A broker the run started is stopped with what it held. Returns the line to print.
+    """
+    if settings.transport != "mqtt" or not settings.mqtt_url:
+        return ""
+    from cloud.mqtt_client import clear_device_topics  # noqa: PLC0415 - MQTT only
+
+    devices = [p.device_id for p in plans]
+    try:
+        cleared = clear_device_topics(settings.mqtt_url, devices)
+    except TransportError as exc:
+        return f"retained messages of the simulated devices not cleared: {exc}"
+    line = f"retained messages cleared: desired state and status of {len(devices)} devices"
+    missed = 2 * len(devices) - cleared
+    return f"{line} ({missed} topics not acknowledged in time)" if missed else line
 
 
 def _soak(run: _Run, live: Live, seconds: float) -> tuple[float, float]:

@@ -27,8 +27,10 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from paho.mqtt import publish
 from typer.testing import CliRunner
 
+from cloud.mqtt_client import clear_retained
 from cloud.service import DeviceView
 from edge_agent.errors import HealthCheckError, SandboxError, TransportError
 from edge_agent.sandbox import SkillItemError
@@ -58,7 +60,7 @@ from edgeskill.sim.worker import agent_threads
 from protos import pb
 from skills.manifest import Manifest
 from tests.fakes.scripted_transport import ScriptedTransport
-from tests.support.services import mqtt_url
+from tests.support.services import mqtt_host_port, mqtt_url
 
 DEVICES = 60
 
@@ -93,9 +95,19 @@ def test_sim_rolls_two_versions_out_to_60_agents_and_counts_failed_installs(
         prefix = f"es-test/sim-{uuid.uuid4().hex[:12]}"
         broker = mqtt_url(prefix, session_expiry=60, keepalive=30)
         args += ["--transport", "mqtt", "--insecure", "--mqtt-url", broker]
+        # Another client's retained message under the same prefix: the run must leave it.
+        host, port = mqtt_host_port()
+        publish.single(
+            f"{prefix}/other/config", b"keep", qos=1, retain=True, hostname=host, port=port
+        )
     # Over gRPC the default: every agent enrols with a claim token and speaks mutual TLS.
     result = _sim(tmp_path, *args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if transport == "mqtt":
+        # The devices' retained desired states and statuses are gone, the other one kept.
+        line = f"retained messages cleared: desired state and status of {DEVICES} devices"
+        assert line in result.stdout
+        assert clear_retained(broker) == 1
     summary = json.loads(out.read_text(encoding="utf-8"))
     assert (summary["started"], summary["secure"]) == (DEVICES, transport == "grpc")
     if transport == "grpc":
