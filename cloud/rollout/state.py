@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cloud.errors import ValidationError
+from cloud.parsed_texts import ParsedTexts
 from cloud.rollout.events import (
     OUTCOMES,
     Command,
@@ -371,31 +372,5 @@ def _newer_targets(event: Targets, state: RolloutState) -> bool:
     return mine > (sorted(state.targets), sorted(state.previous.items()))
 
 
-class _Kept:
-    """The last few states read or written, by their text (a failed parse is not kept)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._states: OrderedDict[str, RolloutState] = OrderedDict()
-        self._lock = threading.Lock()  # the loop's thread and the API's read states
-
-    def get(self, text: str) -> RolloutState:
-        with self._lock:
-            state = self._states.get(text)
-            if state is not None:
-                self._states.move_to_end(text)
-                return state
-        state = RolloutState._parse(text)
-        self.keep(text, state)
-        return state
-
-    def keep(self, text: str, state: RolloutState) -> None:
-        with self._lock:
-            self._states[text] = state
-            self._states.move_to_end(text)
-            while len(self._states) > self._size:
-                self._states.popitem(last=False)
-
-
 #: A pass reads one state and writes two (the unchanged check and the new one).
-_PARSED = _Kept(8)
+_PARSED: ParsedTexts[RolloutState] = ParsedTexts(RolloutState._parse, 8)

@@ -9,8 +9,7 @@ changes, so agents can compare one integer.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, and_, bindparam, exists, select, true, update
 
 from cloud.errors import StoreError, ValidationError
+from cloud.parsed_texts import ParsedTexts
 from cloud.rollout import ActiveDeployment, DesiredSkill, compute_fleet
 from cloud.selectors import parse_selector
 from cloud.store.records import DEPLOYMENT_ACTIVE
@@ -116,7 +116,9 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
         try:
             selector = parse_selector(row.selector)
             config = json.loads(row.config)
-            admitted, versions = _ADMITTED.read(row.admitted)
+            admitted, versions = (
+                (None, frozenset()) if row.admitted is None else _ADMITTED.get(row.admitted)
+            )
             others = versions - {row.version}
             active.append(
                 ActiveDeployment(
@@ -140,48 +142,23 @@ def load_active(conn: Connection) -> list[ActiveDeployment]:
     return active
 
 
-class _AdmittedMaps:
-    """The last few ``rollouts.admitted`` texts read, parsed, with the versions each admits.
+def _parse_admitted(text: str) -> tuple[Mapping[str, str], frozenset[str]]:
+    """A stored ``rollouts.admitted`` map, read-only, and the versions it admits.
 
-    Every desired-state write reads every active deployment, and a staged one's
-    admitted map names each device it reached: at 10,000 devices a 200 KB text that
-    took 2.3 ms to parse, after each wave the leader opened and on each device's
-    (re)connection (a fleet reconnecting during a rollout parsed it 10,000 times). A
-    parsed map is read-only, so it is kept by its text; a text that fails to parse
-    is not kept.
+    Raises:
+        ValueError, TypeError: The text is not a JSON map of device to version.
     """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._maps: OrderedDict[str, tuple[Mapping[str, str], frozenset[str]]] = OrderedDict()
-        self._lock = threading.Lock()  # the leader's pass and the API's writes
-
-    def read(self, text: str | None) -> tuple[Mapping[str, str] | None, frozenset[str]]:
-        """The map a stored text holds (None for NULL) and the versions it admits.
-
-        Raises:
-            ValueError, TypeError: The text is not a JSON map of device to version.
-        """
-        if text is None:
-            return None, frozenset()
-        with self._lock:
-            kept = self._maps.get(text)
-            if kept is not None:
-                self._maps.move_to_end(text)
-                return kept
-        parsed = dict(json.loads(text))
-        if not all(isinstance(v, str) for v in parsed.values()):
-            raise TypeError("an admitted version is not text")
-        kept = MappingProxyType(parsed), frozenset(parsed.values())
-        with self._lock:
-            self._maps[text] = kept
-            while len(self._maps) > self._size:
-                self._maps.popitem(last=False)
-        return kept
+    parsed = dict(json.loads(text))
+    if not all(isinstance(v, str) for v in parsed.values()):
+        raise TypeError("an admitted version is not text")
+    return MappingProxyType(parsed), frozenset(parsed.values())
 
 
-#: A few rollouts under way at once, each read before and after its pass.
-_ADMITTED = _AdmittedMaps(8)
+#: Every desired-state write reads every active deployment, and a staged one's admitted
+#: map names each device it reached: at 10,000 devices a 200 KB text that took 2.3 ms to
+#: parse, after each wave the leader opened and on each device's (re)connection (a fleet
+#: reconnecting during a rollout parsed it 10,000 times). A few rollouts under way at once.
+_ADMITTED = ParsedTexts(_parse_admitted, 8)
 
 
 def _bundle_names(conn: Connection, rows: Sequence[Any]) -> dict[tuple[str, str], str]:

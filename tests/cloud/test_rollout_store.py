@@ -483,8 +483,8 @@ def test_an_admitted_map_read_again_is_parsed_once_and_a_corrupt_one_always_refu
     # Each desired-state write reads every active deployment: the canary's map is
     # parsed once, and the devices it names get 2.0.0, the others keep 1.0.0.
     stored = json.dumps(dict(sorted(admitted.items())), sort_keys=True, separators=(",", ":"))
-    first, versions = _ADMITTED.read(stored)
-    assert _ADMITTED.read(stored)[0] is first and versions == {"2.0.0"}
+    first, versions = _ADMITTED.get(stored)
+    assert _ADMITTED.get(stored)[0] is first and versions == {"2.0.0"}
     with pytest.raises(TypeError):
         first["cam-99"] = "2.0.0"  # type: ignore[index]  # kept, so read-only
     store.register_device("cam-20", CAMERA, {}, now_ms=clock.now)
